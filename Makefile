@@ -1,0 +1,32 @@
+# The README's two commands: `make demo` and `make test`. Each sets up first.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: setup demo test lint bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml requirements/constraints.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -c requirements/constraints.txt -e ".[test]"
+	touch $(STAMP)
+
+demo: setup
+	$(BIN)/stejax demo --out demo-out
+
+test: setup
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/python -m pytest -n 2 -q
+
+lint: setup
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff format --check src tests benchmarks
+
+bench: setup
+	$(BIN)/python benchmarks/estimators.py
+
+clean:
+	rm -rf $(VENV) demo-out .pytest_cache

@@ -1,0 +1,1 @@
+"""Estimators: the surrogate factory, the catalog and one module per family."""

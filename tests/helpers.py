@@ -1,0 +1,65 @@
+"""Helpers for exact comparisons shared by the test modules."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def boundary_triplets(points, dtype) -> np.ndarray:
+    """For each point: the float just below, the point itself and the float just above, in ``dtype``.
+
+    ``np.nextafter`` is evaluated in float32 for bfloat16 (NumPy has no bfloat16
+    nextafter), by stepping the bit pattern by one unit in the last place.
+    """
+    dtype = np.dtype(dtype)
+    at = np.asarray(points, np.float64).astype(dtype)
+    if dtype.itemsize == 2 and dtype.name == "bfloat16":
+        bits = at.view(np.uint16).astype(np.int32)
+        sign = np.where(bits & 0x8000, -1, 1)
+        # Moving towards +inf: +1 ulp on the magnitude for positives, -1 for negatives.
+        def step(direction):
+            mag_step = direction * sign
+            out = bits + mag_step
+            # -0.0 moving up and +0.0 moving down cross zero.
+            zero = (bits & 0x7FFF) == 0
+            out = np.where(zero & (direction > 0), 0x0001, out)
+            out = np.where(zero & (direction < 0), 0x8001, out)
+            return out.astype(np.uint16).view(dtype)
+        below, above = step(-1), step(1)
+    else:
+        below = np.nextafter(at, np.array(-np.inf, dtype))
+        above = np.nextafter(at, np.array(np.inf, dtype))
+    return np.stack([below, at, above], axis=-1).reshape(-1).astype(dtype)
+
+
+def special_values(dtype) -> np.ndarray:
+    """+-0, +-inf, NaN, the largest finite values and the smallest subnormals of ``dtype``."""
+    dtype = np.dtype(dtype)
+    info = _finfo(dtype)
+    vals = [0.0, -0.0, np.inf, -np.inf, np.nan, info.max, -info.max, info.tiny, -info.tiny]
+    out = np.array(vals, np.float64).astype(dtype)
+    return out
+
+
+def _finfo(dtype):
+    import ml_dtypes
+
+    return ml_dtypes.finfo(dtype)
+
+
+def assert_bitwise_equal(actual, expected, *, context: str = "") -> None:
+    """Equal bit for bit: signed zeros, infinities and NaN positions included."""
+    actual = np.asarray(actual)
+    expected = np.asarray(expected)
+    assert actual.dtype == expected.dtype, f"{context}: dtype {actual.dtype} != {expected.dtype}"
+    assert actual.shape == expected.shape, f"{context}: shape {actual.shape} != {expected.shape}"
+    uint = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[actual.dtype.itemsize]
+    a_nan = np.isnan(actual.astype(np.float64))
+    e_nan = np.isnan(expected.astype(np.float64))
+    ok_nan = a_nan == e_nan
+    same_bits = actual.view(uint) == expected.view(uint)
+    ok = ok_nan & (same_bits | (a_nan & e_nan))
+    if not ok.all():
+        idx = np.argwhere(~ok)[:5]
+        rows = [f"at {tuple(i)}: got {actual[tuple(i)]!r}, expected {expected[tuple(i)]!r}" for i in idx]
+        raise AssertionError(f"{context}: {int((~ok).sum())} element(s) differ bitwise; " + "; ".join(rows))
