@@ -75,6 +75,9 @@ class Entry:
       args: the positional arrays after the first.
       random: whether ``key=`` is required.
       input_rank: the least rank of the first argument (1 for codebook lookups).
+      example_shape: ``example_shape(**params) -> tuple[int, ...]``, a valid shape
+        for the first argument under those params (FSQ needs its last axis to
+        match ``levels``), or ``None`` when any shape of rank ``input_rank`` works.
       forward_math: the forward function, in LaTeX.
       derivative_math: the surrogate derivative, in LaTeX.
       kinks: behaviour at kinks and ties, in words.
@@ -94,6 +97,7 @@ class Entry:
     args: tuple[ArgSpec, ...] = ()
     random: bool = False
     input_rank: int = 0
+    example_shape: Callable[..., tuple[int, ...]] | None = None
     forward_math: str = ""
     derivative_math: str = ""
     kinks: str = ""

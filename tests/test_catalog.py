@@ -1,0 +1,196 @@
+"""Every catalog member through the same checks, driven by its catalog entry.
+
+The family test modules compare each estimator with an independent NumPy
+reference; this suite checks that every entry is truthful (the public function
+equals its declared forward and derivative) and that every estimator composes
+with jit, vmap, grad, jvp, vjp, jacfwd, jacrev, hessian, scan and checkpoint.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from helpers import assert_bitwise_equal
+
+from stejax.estimators.catalog import CATALOG, FAMILIES
+
+ENTRIES = list(CATALOG.values())
+IDS = [e.name for e in ENTRIES]
+KEY_SEED = 7
+
+
+def _shape(entry, params):
+    shape = tuple(entry.example_shape(**params)) if entry.example_shape else (5, 4)
+    return shape if len(shape) >= 2 else (5, *shape)
+
+
+def _case(entry, dtype, params=None, seed=0):
+    """(fn, forward, derivative, tangent, x, args, params) for one entry, dtype and params."""
+    params = entry.default_params() if params is None else params
+    rng = np.random.default_rng(seed)
+    shape = _shape(entry, params)
+    x = (rng.standard_normal(shape) * 2.0).astype(dtype)
+    args = tuple(jnp.asarray(a) for a in entry.example_args(rng, shape, dtype, params))
+    bind = dict(params)
+    if entry.random:
+        bind["key"] = jax.random.key(KEY_SEED)
+    fn = functools.partial(entry.fn, **bind)
+    forward = functools.partial(entry.forward, **bind)
+    derivative = functools.partial(entry.derivative, **bind) if entry.derivative else None
+    tangent = functools.partial(entry.tangent, **bind) if entry.tangent else None
+    return fn, forward, derivative, tangent, jnp.asarray(x), args
+
+
+def _declared_tangent(entry, derivative, tangent, x, args, tangents):
+    """The tangent the entry declares, computed from its derivative or tangent map."""
+    primals = (x, *args)
+    if tangent is not None:
+        return tangent(*primals, tangents=tangents)
+    partials = derivative(*primals)
+    partials = partials if isinstance(partials, tuple) else (partials,)
+    terms = [jnp.asarray(d, x.dtype) * t for d, t in zip(partials, tangents)]
+    return functools.reduce(jnp.add, terms)
+
+
+def _diff_tangents(entry, x, args, seed=1):
+    rng = np.random.default_rng(seed)
+    primals = (x, *args)
+    return tuple(
+        jnp.asarray(rng.standard_normal(np.shape(primals[i])).astype(primals[i].dtype))
+        for i in entry.diff_argnums
+    )
+
+
+def _jvp(entry, fn, x, args, tangents):
+    primals = (x, *args)
+    all_tangents = [jnp.zeros_like(p) for p in primals]
+    for i, t in zip(entry.diff_argnums, tangents):
+        all_tangents[i] = t
+    return jax.jvp(fn, primals, tuple(all_tangents))
+
+
+def _tol(dtype):
+    return 4 * float(jnp.finfo(dtype).eps)
+
+
+def test_catalog_covers_every_family():
+    assert set(FAMILIES) == {e.family for e in ENTRIES}
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=IDS)
+def test_entry_is_documented(entry):
+    import stejax
+
+    assert getattr(stejax, entry.fn.__name__) is entry.fn, f"stejax.{entry.fn.__name__} is not exported"
+    doc = entry.fn.__doc__ or ""
+    for needle in ("Forward", "Surrogate", "Reference"):
+        assert needle in doc, f"{entry.name}: the docstring lacks a {needle!r} section"
+    assert entry.forward_math and entry.derivative_math and entry.reference and entry.kinks
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=IDS)
+def test_forward_equals_the_declared_forward(entry, dtype):
+    for params in entry.param_grid():
+        fn, forward, _, _, x, args = _case(entry, dtype, params)
+        expected = np.asarray(forward(x, *args))
+        context = f"{entry.name}{params}"
+        assert_bitwise_equal(fn(x, *args), expected, context=context)
+        assert_bitwise_equal(jax.jit(fn)(x, *args), expected, context=f"jit {context}")
+        assert fn(x, *args).dtype == dtype
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=IDS)
+def test_tangent_is_the_declared_one(entry, dtype):
+    fn, _, derivative, tangent, x, args = _case(entry, dtype)
+    tangents = _diff_tangents(entry, x, args)
+    y, ty = _jvp(entry, fn, x, args, tangents)
+    assert ty.shape == y.shape and ty.dtype == y.dtype == dtype
+    expected = _declared_tangent(entry, derivative, tangent, x, args, tangents)
+    if derivative is not None and len(entry.diff_argnums) == 1:
+        # One partial times one tangent: the same single rounding, so exact.
+        assert_bitwise_equal(ty, np.asarray(expected, dtype), context=entry.name)
+    else:
+        np.testing.assert_allclose(
+            np.asarray(ty, np.float32), np.asarray(expected, np.float32), rtol=_tol(dtype), atol=_tol(dtype)
+        )
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=IDS)
+def test_grad_is_the_transposed_tangent(entry):
+    fn, _, derivative, tangent, x, args = _case(entry, np.float32)
+    w = jnp.asarray(np.random.default_rng(3).standard_normal(fn(x, *args).shape).astype(np.float32))
+    argnums = entry.diff_argnums
+    grads = jax.grad(lambda *p: jnp.sum(fn(*p) * w), argnums=argnums)(x, *args)
+    # Adjoint identity per argument: <grad_i, t_i> == <jvp(t_i), w>.
+    tangents = _diff_tangents(entry, x, args, seed=5)
+    for k, i in enumerate(argnums):
+        only = tuple(t if j == k else jnp.zeros_like(t) for j, t in enumerate(tangents))
+        _, ty = _jvp(entry, fn, x, args, only)
+        lhs = float(jnp.sum(grads[k] * tangents[k]))
+        rhs = float(jnp.sum(ty * w))
+        assert grads[k].shape == (x, *args)[i].shape
+        np.testing.assert_allclose(lhs, rhs, rtol=1e-4, atol=1e-4, err_msg=f"{entry.name} argument {i}")
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=IDS)
+def test_compositions_agree_with_eager(entry):
+    fn, _, _, _, xs, args = _case(entry, np.float32)
+    w = jnp.asarray(np.random.default_rng(4).standard_normal(fn(xs, *args).shape).astype(np.float32))
+    in_axes = (0,) + (None,) * len(args)
+
+    # vmap over the leading axis against a Python loop.
+    looped = jnp.stack([fn(x, *args) for x in xs])
+    assert_bitwise_equal(jax.vmap(fn, in_axes=in_axes)(xs, *args), np.asarray(looped), context="vmap")
+    assert_bitwise_equal(jax.jit(jax.vmap(fn, in_axes=in_axes))(xs, *args), np.asarray(looped), context="jit")
+
+    def row_loss(x, wi):
+        return jnp.sum(fn(x, *args) * wi)
+
+    looped_grads = jnp.stack([jax.grad(row_loss)(x, wi) for x, wi in zip(xs, w)])
+    vmap_grad = jax.vmap(jax.grad(row_loss))(xs, w)
+    grad_vmap = jax.grad(lambda xs: jnp.sum(jax.vmap(fn, in_axes=in_axes)(xs, *args) * w))(xs)
+    np.testing.assert_allclose(vmap_grad, looped_grads, rtol=1e-6, atol=1e-7, err_msg="vmap of grad")
+    np.testing.assert_allclose(grad_vmap, looped_grads, rtol=1e-6, atol=1e-7, err_msg="grad of vmap")
+
+    # Inside lax.scan over the rows, and under checkpoint.
+    def body(total, xw):
+        x, wi = xw
+        return total + row_loss(x, wi), None
+
+    def scanned(xs):
+        return jax.lax.scan(body, jnp.float32(0.0), (xs, w))[0]
+
+    np.testing.assert_allclose(jax.grad(scanned)(xs), looped_grads, rtol=1e-6, atol=1e-7, err_msg="scan")
+    remat = jax.grad(lambda xs: jnp.sum(jax.checkpoint(fn)(xs, *args) * w))(xs)
+    plain = jax.grad(lambda xs: jnp.sum(fn(xs, *args) * w))(xs)
+    np.testing.assert_array_equal(remat, plain, err_msg="checkpoint")
+    np.testing.assert_array_equal(jax.jit(jax.grad(lambda xs: jnp.sum(fn(xs, *args) * w)))(xs), plain)
+
+    # jvp under jit, and vjp, against eager jvp.
+    t = jnp.asarray(np.random.default_rng(6).standard_normal(xs.shape).astype(np.float32))
+    eager = jax.jvp(lambda x: fn(x, *args), (xs,), (t,))[1]
+    jitted = jax.jit(lambda x, t: jax.jvp(lambda x: fn(x, *args), (x,), (t,))[1])(xs, t)
+    np.testing.assert_array_equal(jitted, eager, err_msg="jit of jvp")
+    _, pullback = jax.vjp(lambda x: fn(x, *args), xs)
+    np.testing.assert_array_equal(pullback(w)[0], plain, err_msg="vjp")
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=IDS)
+def test_jacobians_and_hessian(entry):
+    fn, _, _, _, xs, args = _case(entry, np.float32)
+    x = xs[0]
+    row = lambda x: fn(x, *args)  # noqa: E731
+    np.testing.assert_allclose(jax.jacfwd(row)(x), jax.jacrev(row)(x), rtol=1e-6, atol=1e-7)
+    hess = jax.hessian(lambda x: jnp.sum(row(x)))(x)
+    assert hess.shape == x.shape * 2 and hess.dtype == x.dtype
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=IDS)
+@pytest.mark.parametrize("bad_dtype", [jnp.int32, jnp.bool_])
+def test_integer_and_boolean_inputs_are_rejected(entry, bad_dtype):
+    fn, _, _, _, x, args = _case(entry, np.float32)
+    with pytest.raises(TypeError, match="floating-point") as err:
+        fn(jnp.zeros(x.shape, bad_dtype), *args)
+    assert entry.name.split("_")[0] in str(err.value)

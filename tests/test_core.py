@@ -1,0 +1,220 @@
+"""The surrogate factory: exact forward, declared tangent, compositions, errors."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+from helpers import assert_bitwise_equal, boundary_triplets, special_values
+
+import stejax
+
+
+def test_the_classic_example():
+    # The README's example: value 2, gradient 1, tangent 3 carried through.
+    assert stejax.round_ste(1.7) == 2
+    assert jax.grad(stejax.round_ste)(1.7) == 1
+    primal, tangent = jax.jvp(stejax.round_ste, (1.7,), (3.0,))
+    assert primal == 2
+    assert tangent == 3
+
+
+def _stop_gradient_round(x):
+    return x + jax.lax.stop_gradient(jnp.round(x) - x)
+
+
+def test_forward_is_exact_where_the_stop_gradient_trick_drifts():
+    # Values the one-line trick gets wrong (measured, see the foundation issue).
+    cases = [
+        (np.float32, [-0.3, np.inf, -np.inf]),
+        (ml_dtypes.bfloat16, [-0.3, 258.0, -300.5]),
+    ]
+    for dtype, values in cases:
+        x = jnp.asarray(np.array(values, dtype))
+        expected = np.round(np.array(values, dtype))
+        assert_bitwise_equal(stejax.round_ste(x), expected, context=f"round_ste {dtype}")
+        assert_bitwise_equal(jax.jit(stejax.round_ste)(x), expected, context=f"jit round_ste {dtype}")
+    # And the trick really does drift there, so the comparison above can fail.
+    drifted = np.asarray(_stop_gradient_round(jnp.asarray(np.float32([-0.3, np.inf]))))
+    assert np.signbit(drifted[0]) == np.False_ and np.isnan(drifted[1])
+
+
+def test_forward_bitwise_on_specials_and_triplets(dtype):
+    x = np.concatenate([special_values(dtype), boundary_triplets([-1.5, -0.5, 0.5, 1.5, 2.5], dtype)])
+    for fn, ref in [(stejax.round_ste, np.round), (stejax.floor_ste, np.floor), (stejax.ceil_ste, np.ceil)]:
+        expected = ref(x.astype(np.float64)).astype(dtype)
+        assert_bitwise_equal(fn(jnp.asarray(x)), expected, context=fn.__name__)
+        assert_bitwise_equal(jax.jit(fn)(jnp.asarray(x)), expected, context=f"jit {fn.__name__}")
+
+
+def test_tangent_keeps_shape_and_dtype(dtype):
+    x = jnp.asarray(np.linspace(-3, 3, 12).reshape(3, 4).astype(dtype))
+    t = jnp.asarray(np.full((3, 4), 0.75, dtype))
+    y, ty = jax.jvp(stejax.round_ste, (x,), (t,))
+    assert y.dtype == ty.dtype == dtype
+    assert y.shape == ty.shape == (3, 4)
+    assert_bitwise_equal(ty, np.asarray(t), context="identity tangent")
+
+
+def test_tangent_is_linear_in_the_tangent():
+    x = jnp.linspace(-2.0, 2.0, 9)
+    t1, t2 = jnp.linspace(0.0, 1.0, 9), jnp.linspace(-1.0, 3.0, 9)
+    slope = stejax.surrogate(jnp.round, lambda x: 2.0 * jnp.ones_like(x), name="double")
+    jvp = functools.partial(jax.jvp, slope, (x,))
+    combined = jvp((3.0 * t1 - 2.0 * t2,))[1]
+    separate = 3.0 * jvp((t1,))[1] - 2.0 * jvp((t2,))[1]
+    np.testing.assert_allclose(combined, separate, rtol=1e-6)
+
+
+def _clipped_identity(x, *, clip):
+    return jnp.where(jnp.abs(x) <= clip, 1.0, 0.0).astype(x.dtype)
+
+
+def _sign(x, *, clip):
+    del clip
+    return jnp.where(x >= 0, 1.0, -1.0).astype(x.dtype)
+
+
+clipped_sign = stejax.surrogate(_sign, _clipped_identity, name="clipped_sign")
+
+
+def test_static_keyword_parameters_are_not_traced():
+    f = jax.jit(lambda x: clipped_sign(x, clip=0.5))
+    x = jnp.array([-1.0, -0.5, 0.0, 0.4, 0.6])
+    np.testing.assert_array_equal(f(x), [-1, -1, 1, 1, 1])
+    np.testing.assert_array_equal(jax.grad(lambda x: clipped_sign(x, clip=0.5).sum())(x), [0, 1, 1, 1, 0])
+
+
+def test_forward_with_keyword_defaults_works_under_jit():
+    # jax.custom_jvp(jnp.round) traces `decimals` and fails under jit; the factory does not.
+    est = stejax.surrogate(jnp.round, lambda x: jnp.ones_like(x), name="round")
+    assert jax.jit(est)(jnp.float32(2.5)) == 2.0
+    assert jax.jit(jax.grad(est))(jnp.float32(2.5)) == 1.0
+
+
+def _scaled_round(x, step):
+    return jnp.round(x / step) * step
+
+
+def _scaled_round_partials(x, step):
+    v = x / step
+    return jnp.ones_like(x), jnp.round(v) - v
+
+
+scaled_round = stejax.surrogate(_scaled_round, _scaled_round_partials, name="scaled_round", diff_argnums=(0, 1))
+
+
+def test_several_differentiable_arguments():
+    x = jnp.array([0.26, -0.7, 1.3], jnp.float32)
+    step = jnp.float32(0.5)
+    gx, gstep = jax.grad(lambda x, s: scaled_round(x, s).sum(), argnums=(0, 1))(x, step)
+    v = np.asarray(x) / np.float32(0.5)
+    np.testing.assert_array_equal(gx, np.ones(3, np.float32))
+    np.testing.assert_allclose(gstep, np.sum(np.round(v) - v), rtol=1e-6)
+    # jvp in the step direction alone.
+    _, t = jax.jvp(scaled_round, (x, step), (jnp.zeros(3), jnp.float32(2.0)))
+    np.testing.assert_allclose(t, 2.0 * (np.round(v) - v), rtol=1e-6)
+
+
+def test_vmap_with_unbatched_argument():
+    xs = jnp.linspace(-2.0, 2.0, 12).reshape(4, 3)
+    step = jnp.float32(0.5)
+    batched = jax.vmap(scaled_round, in_axes=(0, None))(xs, step)
+    np.testing.assert_array_equal(batched, scaled_round(xs, step))
+    per_example = jax.vmap(jax.grad(lambda x, s: scaled_round(x, s).sum(), argnums=1), in_axes=(0, None))(
+        xs, step
+    )
+    v = np.asarray(xs) / 0.5
+    np.testing.assert_allclose(per_example, (np.round(v) - v).sum(axis=1), rtol=1e-5, atol=1e-6)
+
+
+def test_python_scalars_take_the_array_dtype():
+    x = jnp.asarray([0.3, 0.8], jnp.bfloat16)
+    y = scaled_round(x, 0.25)
+    assert y.dtype == jnp.bfloat16
+
+
+def test_mismatched_array_dtypes_are_rejected():
+    with pytest.raises(TypeError, match=r"scaled_round: .*share one floating dtype.*float32.*bfloat16"):
+        scaled_round(jnp.ones(2, jnp.float32), jnp.asarray(0.5, jnp.bfloat16))
+
+
+@pytest.mark.parametrize("bad", [jnp.arange(3), jnp.array([True, False]), 2])
+def test_integer_and_boolean_inputs_are_rejected_with_the_name(bad):
+    with pytest.raises(TypeError, match=r"round_ste: the input must be a floating-point array.*got dtype"):
+        stejax.round_ste(bad)
+
+
+def test_random_estimator_requires_a_key():
+    with pytest.raises(TypeError, match=r"stochastic_round\(\) missing 1 required keyword-only argument: 'key'"):
+        stejax.stochastic_round(jnp.ones(3))  # type: ignore[call-arg]
+    noisy = stejax.surrogate(
+        lambda x, *, key: x + jax.random.normal(key, x.shape), lambda x, **_: jnp.ones_like(x),
+        name="noisy", random=True,
+    )
+    with pytest.raises(TypeError, match=r"noisy: this estimator is random and needs a PRNG key.*`key`"):
+        noisy(jnp.ones(3))
+    assert noisy(jnp.ones(3), key=jax.random.key(0)).shape == (3,)
+
+
+def test_deterministic_estimator_refuses_a_key():
+    est = stejax.surrogate(jnp.round, lambda x: jnp.ones_like(x), name="r")
+    with pytest.raises(TypeError, match=r"r: this estimator is deterministic and takes no `key`"):
+        est(jnp.ones(3), key=jax.random.key(0))
+
+
+def test_factory_needs_exactly_one_rule():
+    with pytest.raises(ValueError, match=r"exactly one of `derivative`.*or `tangent`"):
+        stejax.surrogate(jnp.round)
+    with pytest.raises(ValueError, match=r"exactly one of"):
+        stejax.surrogate(jnp.round, lambda x: x, tangent=lambda x, tangents: tangents[0])
+
+
+def test_derivative_with_the_wrong_number_of_partials_is_reported():
+    est = stejax.surrogate(_scaled_round, lambda x, s: jnp.ones_like(x), name="bad", diff_argnums=(0, 1))
+    with pytest.raises(TypeError, match=r"bad: the declared derivative must return one partial per"):
+        jax.jvp(est, (jnp.ones(2), jnp.float32(1.0)), (jnp.ones(2), jnp.float32(1.0)))
+
+
+def test_tangent_map_for_non_diagonal_jacobians():
+    # y = sort(x) has a permutation Jacobian; declare it as a tangent map.
+    def sort_tangent(x, *, tangents):
+        (t,) = tangents
+        return t[jnp.argsort(x)]
+
+    est = stejax.surrogate(jnp.sort, tangent=sort_tangent, name="sort")
+    x = jnp.array([3.0, 1.0, 2.0])
+    _, t = jax.jvp(est, (x,), (jnp.array([10.0, 20.0, 30.0]),))
+    np.testing.assert_array_equal(t, [20.0, 30.0, 10.0])
+    np.testing.assert_array_equal(jax.jacrev(est)(x), jax.jacfwd(est)(x))
+
+
+def test_higher_order_goes_through_the_surrogate():
+    # d/dx [round_ste(x)^2] = 2 round(x) * 1; its derivative again through the STE is 2.
+    f = lambda x: stejax.round_ste(x) ** 2  # noqa: E731
+    assert jax.grad(f)(1.7) == 4.0
+    assert jax.grad(jax.grad(f))(1.7) == 2.0
+    assert jax.hessian(f)(1.7) == 2.0
+
+
+def test_scan_and_checkpoint():
+    def body(carry, x):
+        return carry + stejax.round_ste(x) * x, None
+
+    def total(xs):
+        return jax.lax.scan(jax.checkpoint(body), jnp.float32(0.0), xs)[0]
+
+    xs = jnp.array([0.4, 1.6, -2.2])
+    expected = np.round(np.asarray(xs)) + np.asarray(xs)  # d/dx [round(x) x] = 1 * x + round(x)
+    np.testing.assert_allclose(jax.grad(total)(xs), expected, rtol=1e-6)
+    np.testing.assert_allclose(jax.jit(jax.grad(total))(xs), expected, rtol=1e-6)
+
+
+def test_float64_is_kept_when_enabled():
+    with jax.enable_x64(True):
+        x = jnp.asarray(np.array([0.5, 1.5, -2.5, 1e300], np.float64))
+        y, t = jax.jvp(stejax.round_ste, (x,), (jnp.ones_like(x),))
+        assert y.dtype == t.dtype == jnp.float64
+        assert_bitwise_equal(y, np.round(np.asarray(x)), context="float64 round")
