@@ -87,10 +87,7 @@ def surrogate(
     name = name or getattr(forward, "__name__", "estimator")
     diff_argnums = tuple(int(i) for i in diff_argnums)
     if not diff_argnums or len(set(diff_argnums)) != len(diff_argnums):
-        raise ValueError(
-            f"{name}: diff_argnums must name distinct positional arguments; "
-            f"got {diff_argnums}."
-        )
+        raise ValueError(f"{name}: diff_argnums must name distinct positional arguments; got {diff_argnums}.")
 
     def estimator(*args: ArrayLike, **params: Any) -> jax.Array:
         key = params.pop("key", None)
