@@ -1,0 +1,497 @@
+"""The binary family: sign with four surrogates, and ternarisation.
+
+Forward values are compared bit for bit with NumPy, eagerly and under jit, on
+random values, on float triplets around every tie and clip point, and on special
+values. Piecewise surrogates are compared bit for bit with a NumPy emulation of
+the documented float32 evaluation; SwishSign goes through ``exp`` and is compared
+with the float64 formula of the paper within a stated tolerance.
+
+The data-dependent scales (``magnitude_aware_sign``, ``ternary``'s default
+threshold) are sums; inputs for bitwise checks are multiples of 1/64 below 4 in
+magnitude, or pairs (v, -v), so that every partial sum is exact in float32 and the
+reduction order cannot matter.
+"""
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+
+from helpers import assert_bitwise_equal, boundary_triplets, special_values
+from stejax.estimators import binary
+from stejax.estimators.binary import approx_sign, magnitude_aware_sign, sign_ste, swish_sign, ternary
+
+F32 = np.float32
+TINY32 = np.finfo(np.float32).tiny
+ENTRIES = {e.name: e for e in binary.ENTRIES}
+
+
+# ----------------------------------------------------------------------------- NumPy references
+
+
+def np_sign(x):
+    """+1 for x >= 0 (both zeros), -1 for x < 0, NaN for NaN."""
+    x64 = np.asarray(x).astype(np.float64)
+    return np.where(np.isnan(x64), np.nan, np.where(x64 >= 0, 1.0, -1.0)).astype(x.dtype)
+
+
+def np_clip_indicator(x, clip):
+    """1[|x| <= clip], compared in float32 with clip rounded to float32; NaN at NaN."""
+    ax = np.abs(x.astype(F32))
+    d = np.where(ax <= F32(clip), 1.0, 0.0)
+    return np.where(np.isnan(ax), np.nan, d).astype(x.dtype)
+
+
+def np_approx_sign_derivative(x):
+    ax = np.abs(x.astype(F32))
+    with np.errstate(over="ignore"):
+        d = np.where(ax < 1, F32(2) - F32(2) * ax, F32(0))
+    return np.where(np.isnan(ax), np.nan, d).astype(x.dtype)
+
+
+def swish_formula64(x, beta, cdt=F32):
+    """BNN+'s derivative, beta (2 - z tanh(z/2)) / (1 + cosh z), in float64 at z = beta x."""
+    # The product beta * x is taken as the library forms it, rounded to the compute
+    # dtype: the derivative's relative sensitivity to z grows like |z| in the tails.
+    with np.errstate(over="ignore"):
+        z = (cdt(beta) * x.astype(cdt)).astype(np.float64)
+    out = np.zeros_like(z)
+    finite = np.abs(z) < 700  # cosh overflows float64 beyond; the exact value there is < 1e-290
+    zf = z[finite]
+    out[finite] = beta * (2 - zf * np.tanh(zf / 2)) / (1 + np.cosh(zf))
+    return np.where(np.isnan(z), np.nan, out)
+
+
+def _flush32(v):
+    return np.where(np.abs(v) < TINY32, F32(0), v).astype(F32)
+
+
+def _reduced_axes(x, axis):
+    return None if x.ndim <= 1 else tuple(i for i in range(x.ndim) if i != axis % x.ndim)
+
+
+def np_channel_scale(x, axis):
+    """mean |x| over every axis but ``axis``: float32 sum (exact for the test data) times fl32(1/n)."""
+    axes = _reduced_axes(x, axis)
+    a = _flush32(np.abs(x.astype(F32)))
+    n = x.size if axes is None else math.prod(x.shape[i] for i in axes)
+    with np.errstate(over="ignore"):
+        total = a.astype(np.float64).sum(axis=axes, keepdims=True).astype(F32)
+    return _flush32(total * F32(1.0 / n)).astype(x.dtype)
+
+
+def np_magnitude_aware_sign(x, axis):
+    scale = np_channel_scale(x, axis).astype(np.float64)
+    return (scale * np_sign(x).astype(np.float64)).astype(x.dtype)
+
+
+def np_magnitude_aware_derivative(x, axis):
+    scale = np.broadcast_to(np_channel_scale(x, axis), x.shape).astype(np.float64)
+    d = np.where(np.abs(x.astype(np.float64)) <= 1, scale, 0.0)
+    return np.where(np.isnan(x.astype(np.float64)), np.nan, d).astype(x.dtype)
+
+
+def np_ternary_threshold(x):
+    """0.7 mean|x| as the library forms it: float32 sum times fl32(0.7 / n), flushed."""
+    a = _flush32(np.abs(x.astype(F32)))
+    with np.errstate(over="ignore"):
+        total = F32(a.astype(np.float64).sum())
+    return _flush32(np.asarray(total * F32(0.7 / max(x.size, 1))))[()]
+
+
+def np_ternary(x, threshold=None):
+    x32 = x.astype(F32)
+    t = np_ternary_threshold(x) if threshold is None else F32(threshold)
+    y = np.where(x32 > t, 1.0, np.where(x32 < -t, -1.0, 0.0))
+    return np.where(np.isnan(x32) | np.isnan(t), np.nan, y).astype(x.dtype)
+
+
+# ----------------------------------------------------------------------------- inputs and modes
+
+
+def _inputs(rng, dtype, points=()):
+    """128 values: triplets around 0 and ``points``, specials, and random values over several scales.
+
+    One length for every test, so that op-by-op (eager) executables compiled for
+    one test are reused by the next.
+    """
+    fixed = np.concatenate([boundary_triplets((0.0, *points), dtype), special_values(dtype)])
+    n = 128 - fixed.size
+    rand = (
+        (rng.standard_normal(n) * rng.choice([1e-3, 0.1, 0.7, 2.0, 50.0], n)).astype(np.float32).astype(dtype)
+    )
+    return np.concatenate([rand, fixed])
+
+
+def _exact_sum_data(rng, shape, dtype):
+    """Multiples of 1/64 in (-4, 4): exact in every dtype, with exact float32 partial sums."""
+    return (rng.integers(-255, 256, shape) / 64).astype(dtype)
+
+
+def _both(f, *args, eager=True):
+    """f(*args) under jit, and eagerly unless ``eager`` is False (op-by-op compiles cost time)."""
+    return {"eager": f(*args), "jit": jax.jit(f)(*args)} if eager else {"jit": jax.jit(f)(*args)}
+
+
+def _grad(fn):
+    return jax.grad(lambda x: jnp.sum(fn(x)))
+
+
+def _check_gradients(fn, x, expected, rng, context, *, tangent=None, eager=True):
+    """grad of sum (under jit, and eagerly) and jvp (under jit) bit for bit against ``expected``."""
+    dtype = x.dtype
+    xj = jnp.asarray(x)
+    for mode, g in _both(_grad(fn), xj, eager=eager).items():
+        assert g.dtype == dtype, context
+        assert_bitwise_equal(g, expected, context=f"grad {mode} {context}")
+    t = rng.standard_normal(x.shape).astype(dtype) if tangent is None else tangent
+    y, ty = jax.jit(lambda x, t: jax.jvp(fn, (x,), (t,)))(xj, jnp.asarray(t))
+    assert y.dtype == ty.dtype == dtype, context
+    # One product of two dtype values, rounded once (NumPy and ml_dtypes round likewise).
+    assert_bitwise_equal(ty, expected * t, context=f"jvp {context}")
+
+
+# ----------------------------------------------------------------------------- sign
+
+
+# The forward does not depend on the parameters; two clips give two sets of triplets.
+SIGN_CASES = [
+    (sign_ste, {"clip": 1.0}),
+    (sign_ste, {"clip": 0.3}),
+    (approx_sign, {}),
+    (swish_sign, {"beta": 5.0}),
+]
+SIGN_IDS = [f"{f.__name__}-{next(iter(p.values()), '')}" for f, p in SIGN_CASES]
+
+
+@pytest.mark.parametrize(("fn", "params"), SIGN_CASES, ids=SIGN_IDS)
+def test_sign_forward_bit_for_bit(fn, params, dtype):
+    rng = np.random.default_rng(0)
+    points = [c for c in (params.get("clip", 1.0), -params.get("clip", 1.0)) if math.isfinite(c)]
+    x = _inputs(rng, dtype, points)
+    f = functools.partial(fn, **params)
+    for mode, y in _both(f, jnp.asarray(x)).items():
+        assert y.dtype == dtype
+        assert_bitwise_equal(y, np_sign(x), context=f"{fn.__name__}{params} {mode}")
+    assert_bitwise_equal(ENTRIES[fn.__name__].forward(jnp.asarray(x), **params), np_sign(x))
+
+
+@pytest.mark.parametrize("fn", [sign_ste, approx_sign, swish_sign])
+def test_sign_of_zeros_and_subnormals(fn, dtype):
+    below, _, above = boundary_triplets([0.0], dtype)  # the smallest subnormals
+    x = np.array([-0.0, 0.0, below, above, np.inf, -np.inf, np.nan], np.float64).astype(dtype)
+    expected = np.array([1.0, 1.0, -1.0, 1.0, 1.0, -1.0, np.nan]).astype(dtype)
+    for mode, y in _both(fn, jnp.asarray(x)).items():
+        assert_bitwise_equal(y, expected, context=f"{fn.__name__} {mode}")
+
+
+@pytest.mark.parametrize("clip", [1.0, 2.0, 0.3, math.inf])
+def test_sign_ste_gradient_is_the_clipped_indicator(clip, dtype):
+    rng = np.random.default_rng(1)
+    x = _inputs(rng, dtype, [c for c in (-clip, clip) if math.isfinite(c)])
+    expected = np_clip_indicator(x, clip)
+    assert_bitwise_equal(ENTRIES["sign_ste"].derivative(jnp.asarray(x), clip=clip), expected)
+    _check_gradients(functools.partial(sign_ste, clip=clip), x, expected, rng, f"sign_ste clip={clip}")
+
+
+def test_sign_ste_band_is_closed_at_the_clip(dtype):
+    below, at, above = boundary_triplets([1.0], dtype)
+    g = _grad(sign_ste)(jnp.asarray(np.array([below, at, above, -at, -above], dtype)))
+    assert_bitwise_equal(g, np.array([1, 1, 0, 1, 0], dtype))
+
+
+def test_approx_sign_gradient(dtype):
+    rng = np.random.default_rng(2)
+    x = _inputs(rng, dtype, (-1.0, 1.0, -0.5, 0.5))
+    expected = np_approx_sign_derivative(x)
+    assert_bitwise_equal(ENTRIES["approx_sign"].derivative(jnp.asarray(x)), expected)
+    _check_gradients(approx_sign, x, expected, rng, "approx_sign")
+    # The documented values: a triangle of height 2 that reaches 0 at |x| = 1.
+    g = _grad(approx_sign)(jnp.array([0.0, 0.25, -0.75, 1.0, -1.5], dtype))
+    assert_bitwise_equal(g, np.array([2.0, 1.5, 0.5, 0.0, 0.0], dtype))
+
+
+@pytest.mark.parametrize("beta", [5.0, 1.0])
+def test_swish_sign_gradient_follows_the_paper(beta, dtype):
+    rng = np.random.default_rng(3)
+    x = _inputs(rng, dtype)
+    x = x[np.isfinite(x.astype(np.float64))]
+    exact = swish_formula64(x, beta)
+    # The library evaluates an overflow-free rewrite in float32 and rounds once to
+    # the dtype. float32: exp and the rewrite are within a few float32 ulps, and
+    # near the derivative's zero crossing (|beta x| ~ 2.4) two terms of about 4
+    # cancel, so a few ulps of 4 * beta remain as an absolute error. float16 and
+    # bfloat16: one ulp of the dtype on top. Values below the smallest normal
+    # float32 are flushed to 0; float16's subnormal spacing is 2^-24.
+    eps = float(ml_dtypes.finfo(dtype).eps)
+    rtol = 16 * 2.0**-24 if dtype == np.float32 else eps
+    atol = beta * 2.0**-21 + (2.0**-24 if dtype == np.float16 else beta * float(TINY32))
+    f = functools.partial(swish_sign, beta=beta)
+    for mode, g in _both(_grad(f), jnp.asarray(x)).items():
+        assert g.dtype == dtype
+        np.testing.assert_allclose(np.asarray(g, np.float64), exact, rtol=rtol, atol=atol, err_msg=mode)
+    d = np.asarray(ENTRIES["swish_sign"].derivative(jnp.asarray(x), beta=beta))
+    _check_gradients(f, x, d, rng, f"swish_sign beta={beta}")
+    assert float(_grad(f)(jnp.zeros((), dtype))) == beta  # the peak
+
+
+@pytest.mark.parametrize("beta", [5.0, 1e18])
+def test_swish_sign_gradient_is_zero_at_huge_inputs(beta, dtype):
+    info = ml_dtypes.finfo(dtype)
+    # cosh(beta x) overflows float32 from |beta x| ~ 89 on; the derivative must go to 0.
+    x = np.array([info.max, -info.max, np.inf, -np.inf, 100.0, -300.0, np.nan], np.float64).astype(dtype)
+    f = functools.partial(swish_sign, beta=beta)
+    for mode, g in _both(_grad(f), jnp.asarray(x)).items():
+        g = np.asarray(g).astype(np.float64)
+        np.testing.assert_array_equal(g[:6], 0.0, err_msg=mode)
+        assert np.isnan(g[6]), mode
+
+
+@pytest.mark.parametrize(
+    ("fn", "params", "area"),
+    [(sign_ste, {"clip": 1.0}, 2.0), (sign_ste, {"clip": 0.5}, 1.0), (approx_sign, {}, 2.0)]
+    + [(swish_sign, {"beta": b}, 2.0) for b in (1.0, 5.0, 10.0)],
+)
+def test_surrogates_integrate_to_the_jump_of_the_forward(fn, params, area):
+    grid = np.unique(
+        np.concatenate(
+            [np.linspace(-200.0, 200.0, 400_001), boundary_triplets([-1, -0.5, 0.5, 1], F32)]
+        ).astype(F32)
+    )
+    d = np.asarray(ENTRIES[fn.__name__].derivative(jnp.asarray(grid), **params), np.float64)
+    # Trapezoid rule, spacing 1e-3, on float32 values; the tails beyond +-200 are below e^-190.
+    np.testing.assert_allclose(np.trapezoid(d, grid.astype(np.float64)), area, rtol=1e-5)
+
+
+# ----------------------------------------------------------------------------- magnitude_aware_sign
+
+
+MAS_CASES = [((), -1), ((7,), 0), ((3, 4), 0), ((2, 3, 4), 1)]
+
+
+@pytest.mark.parametrize(("shape", "axis"), MAS_CASES, ids=[f"{s}-axis{a}" for s, a in MAS_CASES])
+def test_magnitude_aware_sign_on_exact_sum_data(shape, axis, dtype):
+    rng = np.random.default_rng(4)
+    x = _exact_sum_data(rng, shape, dtype)
+    f = functools.partial(magnitude_aware_sign, axis=axis)
+    eager = len(shape) == 2  # one eager case per dtype; the boundary test below is eager too
+    for mode, y in _both(f, jnp.asarray(x), eager=eager).items():
+        assert y.dtype == dtype and y.shape == shape
+        assert_bitwise_equal(y, np_magnitude_aware_sign(x, axis), context=f"{mode} {shape} {axis}")
+    expected = np_magnitude_aware_derivative(x, axis)
+    # The scale is a constant: no term from d scale / d x.
+    _check_gradients(f, x, expected, rng, f"magnitude_aware_sign {shape} axis={axis}", eager=eager)
+
+
+def test_magnitude_aware_sign_at_boundaries_and_specials(dtype):
+    # Columns (v, -v) are channels with mean |v| exactly, so each column probes
+    # one point: triplets around the sign tie 0 and the clip points +-1, and specials.
+    info = ml_dtypes.finfo(dtype)
+    points = np.concatenate(
+        [
+            boundary_triplets([-1.0, 0.0, 1.0], dtype),
+            np.array([np.inf, np.nan, info.max, info.smallest_normal, 0.75], np.float64).astype(dtype),
+        ]
+    )
+    x = np.stack([points, -points])
+    for mode, y in _both(magnitude_aware_sign, jnp.asarray(x)).items():
+        assert_bitwise_equal(y, np_magnitude_aware_sign(x, -1), context=mode)
+    # Tangents +-1, +-2: a product of the smallest normal scale with a random
+    # tangent would be subnormal, which XLA:CPU flushes to zero and NumPy keeps.
+    rng = np.random.default_rng(5)
+    t = rng.choice([-2.0, -1.0, 1.0, 2.0], x.shape).astype(dtype)
+    expected = np_magnitude_aware_derivative(x, -1)
+    _check_gradients(magnitude_aware_sign, x, expected, rng, "boundaries", tangent=t)
+
+
+def test_magnitude_aware_sign_reduces_every_axis_but_the_channel_axis():
+    x = jnp.array([[1.0, -4.0, 1.0], [-3.0, 5.0, -1.0]])
+    np.testing.assert_array_equal(magnitude_aware_sign(x), [[2.0, -4.5, 1.0], [-2.0, 4.5, -1.0]])
+    np.testing.assert_array_equal(magnitude_aware_sign(x, axis=0), [[2.0, -2.0, 2.0], [-3.0, 3.0, -3.0]])
+    # Rank 0 and 1: the whole tensor, whatever the axis.
+    np.testing.assert_array_equal(magnitude_aware_sign(jnp.array([1.0, -3.0]), axis=0), [2.0, -2.0])
+    assert float(magnitude_aware_sign(jnp.float32(-0.5), axis=7)) == -0.5
+
+
+def test_magnitude_aware_sign_nan_poisons_only_its_channel():
+    x = np.array([[1.0, np.nan], [-3.0, 0.5]], np.float32)
+    y = np.asarray(magnitude_aware_sign(jnp.asarray(x)))
+    np.testing.assert_array_equal(y[:, 0], [2.0, -2.0])
+    assert np.isnan(y[:, 1]).all()
+
+
+# ----------------------------------------------------------------------------- ternary
+
+
+TERNARY_THRESHOLDS = [0.0, 0.3, 0.5, 1.0]
+
+
+@pytest.mark.parametrize("threshold", TERNARY_THRESHOLDS)
+def test_ternary_with_a_given_threshold(threshold, dtype):
+    rng = np.random.default_rng(6)
+    x = _inputs(rng, dtype, (-threshold, threshold, -1.0, 1.0))
+    f = functools.partial(ternary, threshold=threshold)
+    for mode, y in _both(f, jnp.asarray(x)).items():
+        assert y.dtype == dtype
+        assert_bitwise_equal(y, np_ternary(x, threshold), context=f"{mode} threshold={threshold}")
+    _check_gradients(f, x, np_clip_indicator(x, 1.0), rng, f"ternary threshold={threshold}")
+
+
+@pytest.mark.parametrize("shape", [(7,), (3, 4), (2, 3, 5)])
+def test_ternary_default_threshold_is_0p7_mean_abs(shape, dtype):
+    rng = np.random.default_rng(7)
+    x = _exact_sum_data(rng, shape, dtype)
+    eager = len(shape) == 2  # one eager case per dtype
+    for mode, y in _both(ternary, jnp.asarray(x), eager=eager).items():
+        assert_bitwise_equal(y, np_ternary(x), context=mode)
+    # The same as passing that threshold explicitly (it is already a float32).
+    t = float(np_ternary_threshold(x))
+    assert_bitwise_equal(ternary(jnp.asarray(x), threshold=t), np.asarray(ternary(jnp.asarray(x))))
+    _check_gradients(ternary, x, np_clip_indicator(x, 1.0), rng, f"ternary {shape}", eager=eager)
+
+
+def test_ternary_value_at_the_threshold_is_zero(dtype):
+    # sum|x| = 10 over n = 7: Delta = fl32(10 * fl32(0.1)) = 1.0 exactly.
+    x = np.array([1, -1, 1, -1, 1, -1, 4], np.float64).astype(dtype)
+    assert np_ternary_threshold(x) == 1.0
+    expected = np.array([0, 0, 0, 0, 0, 0, 1], np.float64).astype(dtype)
+    for mode, y in _both(ternary, jnp.asarray(x)).items():
+        assert_bitwise_equal(y, expected, context=mode)
+
+
+def test_ternary_zero_code_is_plus_zero(dtype):
+    x = np.array([-0.0, 0.0, -0.25, 0.25, -0.5, 0.5], np.float64).astype(dtype)
+    y = ternary(jnp.asarray(x), threshold=0.5)
+    assert_bitwise_equal(y, np.zeros(6, dtype))
+
+
+def test_ternary_threshold_zero_splits_subnormals_by_sign(dtype):
+    below, _, above = boundary_triplets([0.0], dtype)
+    x = np.array([below, -0.0, 0.0, above], dtype)
+    for mode, y in _both(functools.partial(ternary, threshold=0.0), jnp.asarray(x)).items():
+        assert_bitwise_equal(y, np.array([-1, 0, 0, 1], dtype), context=mode)
+
+
+def test_ternary_nan_and_inf_in_the_data():
+    x = np.array([0.5, np.nan, -2.0], np.float32)
+    # A NaN makes the data-dependent threshold NaN: every output is NaN.
+    assert np.isnan(np.asarray(ternary(jnp.asarray(x)))).all()
+    # With a given threshold only the NaN element is NaN.
+    y = np.asarray(ternary(jnp.asarray(x), threshold=1.0))
+    np.testing.assert_array_equal(y, [0.0, np.nan, -1.0])
+    # An infinity makes the threshold infinite: everything maps to 0.
+    y = np.asarray(ternary(jnp.array([0.5, np.inf, -2.0])))
+    assert_bitwise_equal(y, np.zeros(3, np.float32))
+
+
+# ----------------------------------------------------------------------------- float64
+
+
+def test_float64_when_x64_is_on():
+    # float64 inputs are evaluated in float64 throughout (clip and threshold too).
+    rng = np.random.default_rng(8)
+    f64 = np.dtype(np.float64)
+    with jax.enable_x64(True):
+        x = _inputs(rng, f64, (-1.0, 1.0, -0.3, 0.3))
+        xj = jnp.asarray(x)
+        ax = np.abs(x)
+        for fn in (sign_ste, approx_sign, swish_sign):
+            for mode, y in _both(fn, xj).items():
+                assert_bitwise_equal(y, np_sign(x), context=f"{mode} {fn.__name__}")
+        clipped = np.where(np.isnan(x), np.nan, np.where(ax <= 0.3, 1.0, 0.0))
+        for mode, g in _both(_grad(functools.partial(sign_ste, clip=0.3)), xj).items():
+            assert_bitwise_equal(g, clipped, context=f"{mode} sign_ste")
+        with np.errstate(over="ignore"):
+            triangle = np.where(np.isnan(x), np.nan, np.where(ax < 1, 2 - 2 * ax, 0.0))
+        for mode, g in _both(_grad(approx_sign), xj).items():
+            assert_bitwise_equal(g, triangle, context=f"{mode} approx_sign")
+        # SwishSign: a few float64 ulps, and an absolute error of a few ulps of
+        # 4 * beta where two terms cancel; 0 at the largest value and at infinity.
+        finite = np.isfinite(x)
+        for mode, g in _both(_grad(swish_sign), xj).items():
+            g = np.asarray(g)
+            exact = swish_formula64(x[finite], 5.0, np.float64)
+            np.testing.assert_allclose(
+                g[finite], exact, rtol=64 * 2.0**-53, atol=5.0 * 2.0**-48, err_msg=mode
+            )
+            np.testing.assert_array_equal(g[np.isinf(x)], 0.0)
+            assert g[np.argmax(x == np.finfo(np.float64).max)] == 0.0
+        ternary_expected = np.where(
+            np.isnan(x), np.nan, np.where(x > 0.3, 1.0, np.where(x < -0.3, -1.0, 0.0))
+        )
+        for mode, y in _both(functools.partial(ternary, threshold=0.3), xj).items():
+            assert_bitwise_equal(y, ternary_expected, context=f"{mode} ternary")
+        data = _exact_sum_data(rng, (3, 4), f64)
+        scale = np.abs(data).sum(axis=0, keepdims=True) * (1.0 / 3)
+        for mode, y in _both(magnitude_aware_sign, jnp.asarray(data)).items():
+            assert_bitwise_equal(y, scale * np.where(data >= 0, 1.0, -1.0), context=f"{mode} mas")
+
+
+# ----------------------------------------------------------------------------- errors
+
+
+@pytest.mark.parametrize("bad", [0.0, -1.0, math.nan])
+def test_sign_ste_clip_must_be_positive(bad):
+    with pytest.raises(ValueError, match=r"sign_ste: `clip` must be a number > 0; got"):
+        sign_ste(jnp.zeros(3), clip=bad)
+
+
+@pytest.mark.parametrize("bad", ["1.0", True, None, jnp.float32(1.0)])
+def test_sign_ste_clip_must_be_a_real_number(bad):
+    with pytest.raises(TypeError, match=r"sign_ste: `clip` must be a real number .* got"):
+        sign_ste(jnp.zeros(3), clip=bad)
+
+
+@pytest.mark.parametrize("bad", [0.0, -5.0, math.inf, math.nan, 1e19, 1e-19])
+def test_swish_sign_beta_range(bad):
+    with pytest.raises(ValueError, match=r"swish_sign: `beta` must be a finite number in \[1e-18, 1e18\]"):
+        swish_sign(jnp.zeros(3), beta=bad)
+
+
+def test_swish_sign_beta_type():
+    with pytest.raises(TypeError, match=r"swish_sign: `beta` must be a real number"):
+        swish_sign(jnp.zeros(3), beta="5")
+
+
+@pytest.mark.parametrize(("shape", "axis"), [((3, 4), 2), ((3, 4), -3), ((2, 3, 4), 3)])
+def test_magnitude_aware_sign_axis_out_of_range(shape, axis):
+    with pytest.raises(ValueError, match=rf"magnitude_aware_sign: `axis` must lie in .*got {axis}"):
+        magnitude_aware_sign(jnp.zeros(shape), axis=axis)
+
+
+@pytest.mark.parametrize("bad", [1.0, True, "0", None])
+def test_magnitude_aware_sign_axis_type(bad):
+    with pytest.raises(TypeError, match=r"magnitude_aware_sign: `axis` must be an int; got"):
+        magnitude_aware_sign(jnp.zeros((3, 4)), axis=bad)
+
+
+@pytest.mark.parametrize("bad", [-0.1, -math.inf, math.nan])
+def test_ternary_threshold_range(bad):
+    with pytest.raises(ValueError, match=r"ternary: `threshold` must be a number >= 0; got"):
+        ternary(jnp.zeros(3), threshold=bad)
+
+
+def test_ternary_threshold_and_clip_types_and_clip_range():
+    with pytest.raises(TypeError, match=r"ternary: `threshold` must be a real number"):
+        ternary(jnp.zeros(3), threshold="0.5")
+    with pytest.raises(TypeError, match=r"ternary: `clip` must be a real number"):
+        ternary(jnp.zeros(3), clip=[1.0])
+    with pytest.raises(ValueError, match=r"ternary: `clip` must be a number > 0; got 0.0"):
+        ternary(jnp.zeros(3), clip=0.0)
+
+
+@pytest.mark.parametrize("name", list(ENTRIES))
+@pytest.mark.parametrize("bad_dtype", [np.int32, np.bool_])
+def test_non_floating_inputs_are_rejected(name, bad_dtype):
+    with pytest.raises(TypeError, match=rf"{name}: the input must be a floating-point array"):
+        ENTRIES[name].fn(jnp.zeros((2, 3), bad_dtype))
+
+
+def test_python_and_numpy_scalars_are_accepted():
+    assert float(sign_ste(-2.0, clip=np.float32(0.5))) == -1.0
+    assert float(ternary(0.75, threshold=np.float64(0.5))) == 1.0
+    assert float(magnitude_aware_sign(np.float32(-3.0), axis=np.int64(0))) == -3.0
