@@ -16,6 +16,7 @@ def boundary_triplets(points, dtype) -> np.ndarray:
     if dtype.itemsize == 2 and dtype.name == "bfloat16":
         bits = at.view(np.uint16).astype(np.int32)
         sign = np.where(bits & 0x8000, -1, 1)
+
         # Moving towards +inf: +1 ulp on the magnitude for positives, -1 for negatives.
         def step(direction):
             mag_step = direction * sign
@@ -25,6 +26,7 @@ def boundary_triplets(points, dtype) -> np.ndarray:
             out = np.where(zero & (direction > 0), 0x0001, out)
             out = np.where(zero & (direction < 0), 0x8001, out)
             return out.astype(np.uint16).view(dtype)
+
         below, above = step(-1), step(1)
     else:
         below = np.nextafter(at, np.array(-np.inf, dtype))

@@ -21,9 +21,10 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from helpers import assert_bitwise_equal, boundary_triplets, special_values
 from stejax.estimators import binary
 from stejax.estimators.binary import approx_sign, magnitude_aware_sign, sign_ste, swish_sign, ternary
+
+from helpers import assert_bitwise_equal, boundary_triplets, special_values
 
 F32 = np.float32
 TINY32 = np.finfo(np.float32).tiny

@@ -12,9 +12,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import assert_bitwise_equal
 
 from stejax.estimators.catalog import CATALOG, FAMILIES
+
+from helpers import assert_bitwise_equal
 
 ENTRIES = list(CATALOG.values())
 IDS = [e.name for e in ENTRIES]
@@ -58,8 +59,7 @@ def _diff_tangents(entry, x, args, seed=1):
     rng = np.random.default_rng(seed)
     primals = (x, *args)
     return tuple(
-        jnp.asarray(rng.standard_normal(np.shape(primals[i])).astype(primals[i].dtype))
-        for i in entry.diff_argnums
+        jnp.asarray(rng.standard_normal(np.shape(primals[i])).astype(primals[i].dtype)) for i in entry.diff_argnums
     )
 
 

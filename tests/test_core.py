@@ -7,9 +7,10 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
-from helpers import assert_bitwise_equal, boundary_triplets, special_values
 
 import stejax
+
+from helpers import assert_bitwise_equal, boundary_triplets, special_values
 
 
 def test_the_classic_example():
@@ -123,9 +124,7 @@ def test_vmap_with_unbatched_argument():
     step = jnp.float32(0.5)
     batched = jax.vmap(scaled_round, in_axes=(0, None))(xs, step)
     np.testing.assert_array_equal(batched, scaled_round(xs, step))
-    per_example = jax.vmap(jax.grad(lambda x, s: scaled_round(x, s).sum(), argnums=1), in_axes=(0, None))(
-        xs, step
-    )
+    per_example = jax.vmap(jax.grad(lambda x, s: scaled_round(x, s).sum(), argnums=1), in_axes=(0, None))(xs, step)
     v = np.asarray(xs) / 0.5
     np.testing.assert_allclose(per_example, (np.round(v) - v).sum(axis=1), rtol=1e-5, atol=1e-6)
 
@@ -151,8 +150,10 @@ def test_random_estimator_requires_a_key():
     with pytest.raises(TypeError, match=r"stochastic_round\(\) missing 1 required keyword-only argument: 'key'"):
         stejax.stochastic_round(jnp.ones(3))  # type: ignore[call-arg]
     noisy = stejax.surrogate(
-        lambda x, *, key: x + jax.random.normal(key, x.shape), lambda x, **_: jnp.ones_like(x),
-        name="noisy", random=True,
+        lambda x, *, key: x + jax.random.normal(key, x.shape),
+        lambda x, **_: jnp.ones_like(x),
+        name="noisy",
+        random=True,
     )
     with pytest.raises(TypeError, match=r"noisy: this estimator is random and needs a PRNG key.*`key`"):
         noisy(jnp.ones(3))
@@ -218,3 +219,11 @@ def test_float64_is_kept_when_enabled():
         y, t = jax.jvp(stejax.round_ste, (x,), (jnp.ones_like(x),))
         assert y.dtype == t.dtype == jnp.float64
         assert_bitwise_equal(y, np.round(np.asarray(x)), context="float64 round")
+
+
+def test_subnormals_follow_jax_not_numpy():
+    # XLA on CPU flushes subnormal inputs to zero; the estimators follow jnp exactly.
+    x = jnp.asarray(np.array([-1e-45, 1e-45], np.float32))
+    for fn, ref in [(stejax.floor_ste, jnp.floor), (stejax.ceil_ste, jnp.ceil), (stejax.round_ste, jnp.round)]:
+        assert_bitwise_equal(fn(x), np.asarray(ref(x)), context=fn.__name__)
+        assert_bitwise_equal(jax.jit(fn)(x), np.asarray(ref(x)), context=fn.__name__)

@@ -15,7 +15,6 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from helpers import assert_bitwise_equal, boundary_triplets, special_values
 from stejax.estimators import latent
 from stejax.estimators.latent import (
     VQResult,
@@ -27,6 +26,8 @@ from stejax.estimators.latent import (
     vq_quantize,
     vq_ste,
 )
+
+from helpers import assert_bitwise_equal, boundary_triplets, special_values
 
 LEVELS = [(8, 5, 5, 5), (2, 3, 4), (5, 3), (7, 6)]
 ENTRIES = {e.name: e for e in latent.ENTRIES}

@@ -17,7 +17,6 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from helpers import assert_bitwise_equal, boundary_triplets, special_values
 from stejax.estimators import spiking
 from stejax.estimators.spiking import (
     heaviside,
@@ -28,6 +27,8 @@ from stejax.estimators.spiking import (
     heaviside_superspike,
     heaviside_triangular,
 )
+
+from helpers import assert_bitwise_equal, boundary_triplets, special_values
 
 F32 = np.float32
 TINY32 = np.finfo(np.float32).tiny

@@ -100,8 +100,7 @@ def surrogate(
             raise TypeError(f"{name}: this estimator is deterministic and takes no `key`.")
         if len(args) <= max(diff_argnums):
             raise TypeError(
-                f"{name}: expected at least {max(diff_argnums) + 1} positional "
-                f"array argument(s); got {len(args)}."
+                f"{name}: expected at least {max(diff_argnums) + 1} positional array argument(s); got {len(args)}."
             )
         arrays = _as_floating_arrays(name, args, diff_argnums)
         fn = _custom_jvp_fn(name, forward, derivative, tangent, diff_argnums, random, params)
@@ -148,7 +147,8 @@ def _custom_jvp_fn(name, forward, derivative, tangent, diff_argnums, random, par
                     f"{name}: the declared derivative must return one partial per "
                     f"differentiable argument ({len(diff_argnums)}); got {len(partials)}."
                 )
-            terms = [jnp.asarray(d, y.dtype) * t.astype(y.dtype) for d, t in zip(partials, diff_tangents)]
+            pairs = zip(partials, diff_tangents, strict=True)
+            terms = [jnp.asarray(d, y.dtype) * t.astype(y.dtype) for d, t in pairs]
             t_out = functools.reduce(jnp.add, terms)
         else:
             arrays = primals[offset:]

@@ -26,9 +26,7 @@ class Catalog(Mapping[str, Entry]):
         try:
             return self._entries[name]
         except KeyError:
-            raise KeyError(
-                f"no estimator named {name!r} in the catalog; known: {', '.join(self._entries)}."
-            ) from None
+            raise KeyError(f"no estimator named {name!r} in the catalog; known: {', '.join(self._entries)}.") from None
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._entries)

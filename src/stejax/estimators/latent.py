@@ -178,8 +178,8 @@ _fsq = surrogate(_fsq_forward, _fsq_derivative, name="fsq")
 def fsq(z: ArrayLike, *, levels: Sequence[int]) -> jax.Array:
     r"""Finite Scalar Quantization with a straight-through rounding and the true bound's derivative.
 
-    Each channel :math:`i` of the last axis is bounded to :math:`L_i` integer
-    levels and rescaled to :math:`[-1, 1]`. With :math:`\epsilon = 10^{-3}`,
+    Forward: each channel :math:`i` of the last axis is bounded to :math:`L_i`
+    integer levels and rescaled to :math:`[-1, 1]`. With :math:`\epsilon = 10^{-3}`,
 
     .. math::
        h_i = \tfrac{(L_i - 1)(1 + \epsilon)}{2},\quad

@@ -44,9 +44,7 @@ def _stochastic_round_forward(x, *, key):
 _round = surrogate(_round_forward, _identity_derivative, name="round_ste")
 _floor = surrogate(_floor_forward, _identity_derivative, name="floor_ste")
 _ceil = surrogate(_ceil_forward, _identity_derivative, name="ceil_ste")
-_stochastic_round = surrogate(
-    _stochastic_round_forward, _identity_derivative, name="stochastic_round", random=True
-)
+_stochastic_round = surrogate(_stochastic_round_forward, _identity_derivative, name="stochastic_round", random=True)
 
 
 def round_ste(x: ArrayLike) -> jax.Array:
@@ -88,6 +86,10 @@ def floor_ste(x: ArrayLike) -> jax.Array:
     Forward: :math:`y = \lfloor x \rfloor`, exactly ``jnp.floor(x)`` (-0.0 stays
     -0.0, -0.5 -> -1, infinities and NaN pass through).
 
+    Subnormal inputs: XLA on CPU reads them as zero (flush to zero), so
+    ``floor_ste(-1e-45)`` is ``-0.0`` there, exactly as ``jnp.floor`` gives it; the
+    estimator follows ``jnp.floor`` bit for bit, not NumPy.
+
     Surrogate: :math:`\partial y / \partial x = 1` everywhere, including at the
     integers where the forward jumps.
 
@@ -113,6 +115,10 @@ def ceil_ste(x: ArrayLike) -> jax.Array:
 
     Forward: :math:`y = \lceil x \rceil`, exactly ``jnp.ceil(x)`` (-0.5 -> -0.0,
     infinities and NaN pass through).
+
+    Subnormal inputs: XLA on CPU reads them as zero (flush to zero), so
+    ``ceil_ste(1e-45)`` is ``0.0`` there, exactly as ``jnp.ceil`` gives it; the
+    estimator follows ``jnp.ceil`` bit for bit, not NumPy.
 
     Surrogate: :math:`\partial y / \partial x = 1` everywhere, including at the
     integers where the forward jumps.
