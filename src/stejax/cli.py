@@ -75,6 +75,125 @@ def show(name: str, out: Path | None, param_pairs: tuple[str, ...]) -> None:
     console.print(Text(f"plot: {path.resolve()}"))
 
 
+_MODEL_CHOICE = click.Choice(["mlp", "cnn"])
+
+
+def _configs_option(function):
+    return click.option(
+        "--configs",
+        "configs",
+        default=None,
+        metavar="NAME,...",
+        help="Only these QAT configurations, comma-separated (default: all seven).",
+    )(function)
+
+
+@main.command("train")
+@click.option("--preset", "preset_name", default=None, metavar="NAME", help="A QAT preset (see `compare`).")
+@click.option(
+    "--config",
+    "config_file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="A JSON file of TrainConfig fields (any subset; the rest take their defaults).",
+)
+@click.option("--epochs", type=click.IntRange(min=1), default=None, help="Override the number of epochs.")
+@click.option("--seed", type=click.IntRange(min=0), default=None, help="Override the training seed.")
+@click.option("--model", type=_MODEL_CHOICE, default=None, help="Override the model: mlp or cnn.")
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    required=True,
+    help="The run directory to write.",
+)
+@click.option(
+    "--debug-keys",
+    "debug_keys",
+    type=click.IntRange(min=1),
+    is_flag=False,
+    flag_value=2,
+    default=None,
+    metavar="[N]",
+    help="Run the first N steps (default 2) eagerly under the key ledger, proving no key is used twice.",
+)
+def train_command(
+    preset_name: str | None,
+    config_file: Path | None,
+    epochs: int | None,
+    seed: int | None,
+    model: str | None,
+    out: Path,
+    debug_keys: int | None,
+) -> None:
+    """Train one model and write its run directory.
+
+    OUT gets config.json, metrics.jsonl (one line per epoch), params.safetensors
+    (the parameters with the best validation accuracy), normalizer.json and
+    report.json (their test accuracy: the test split is used once, at the end).
+    Give a preset (trained with the default recipe) or a config file.
+    """
+    from stejax.train import TrainConfig, train
+
+    config = _train_config(TrainConfig, preset_name, config_file, epochs=epochs, seed=seed, model=model)
+    console = Console()
+    console.print(Text(f"training {config.preset} ({config.model}, seed {config.seed}, up to {config.epochs} epochs)"))
+    with _progress(console) as progress:
+        task = progress.add_task(config.preset, total=config.epochs)
+
+        def on_epoch(record: Mapping[str, Any]) -> None:
+            progress.update(task, advance=1, description=f"{config.preset} val {100 * record['val_accuracy']:.1f}%")
+
+        result = _guarded(lambda: train(config, out_dir=out, debug_keys=debug_keys or 0, on_epoch=on_epoch))
+    if result.key_check is not None:
+        check = result.key_check
+        console.print(
+            Text(
+                f"debug-keys: {check.steps} step(s) eagerly under the key ledger; {check.keys_recorded} keys "
+                f"recorded, none consumed twice; made but unused: {len(check.unused)} "
+                f"({'; '.join(check.unused) or 'none'})"
+            )
+        )
+    console.print(
+        Text(
+            f"test accuracy {100 * result.test_accuracy:.2f}% (best epoch {result.best_epoch} of "
+            f"{len(result.history)}, validation {100 * result.best_val_accuracy:.2f}%, "
+            f"{result.seconds:.1f} s)"
+        )
+    )
+    console.print(Text(f"run directory: {out.resolve()}"))
+
+
+@main.command("compare")
+@click.option("--seeds", type=click.IntRange(min=1), default=5, show_default=True, help="Seeds per configuration.")
+@click.option("--epochs", type=click.IntRange(min=1), default=None, help="Override the number of epochs.")
+@click.option("--model", type=_MODEL_CHOICE, default=None, help="Override the model: mlp or cnn.")
+@_configs_option
+@click.option(
+    "--timing-repeats",
+    type=click.IntRange(min=1),
+    default=200,
+    show_default=True,
+    help="Interleaved rounds of step timing.",
+)
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    required=True,
+    help="Folder for report.md, report.json, plots/ and runs/.",
+)
+def compare_command(
+    seeds: int, epochs: int | None, model: str | None, configs: str | None, timing_repeats: int, out: Path
+) -> None:
+    """Compare the QAT configurations over seeds and write the report.
+
+    Trains float, w8a8, w4a4, w2a2, w1a32, w1a1 and w4a4_no_ste with the default
+    recipe on the digits, times their jitted training steps side by side, and
+    writes OUT/report.md (the targets and whether each is met), OUT/report.json
+    and the plots.
+    """
+    _run_compare(Console(), out, seeds=seeds, epochs=epochs, model=model, configs=configs, repeats=timing_repeats)
+
+
 @main.command()
 @click.option(
     "--out",
@@ -83,15 +202,119 @@ def show(name: str, out: Path | None, param_pairs: tuple[str, ...]) -> None:
     show_default=True,
     help="Folder for the demo's outputs.",
 )
-def demo(out: Path) -> None:
-    """Run the demo, writing its outputs under --out.
+@click.option("--seeds", type=click.IntRange(min=1), default=5, show_default=True, help="Seeds per configuration.")
+@click.option("--epochs", type=click.IntRange(min=1), default=None, help="Override the number of epochs.")
+@_configs_option
+@click.option(
+    "--catalog/--no-catalog",
+    default=False,
+    show_default=True,
+    help="Also draw every estimator into OUT/plots and write OUT/catalog.md (as in docs/).",
+)
+def demo(out: Path, seeds: int, epochs: int | None, configs: str | None, catalog: bool) -> None:
+    """Run the main job: the QAT comparison on the digits, with its report in OUT.
 
-    For now: the catalog, one plot per estimator in OUT/plots and a summary
-    table in OUT/catalog.md.
+    The same as `stejax compare --out OUT` with the default recipe: every QAT
+    configuration over 5 seeds, then OUT/report.md, OUT/report.json and the
+    plots. A few minutes on two CPU cores.
     """
     console = Console()
     out.mkdir(parents=True, exist_ok=True)
-    _demo_catalog(console, out)
+    if catalog:
+        _demo_catalog(console, out)
+    _run_compare(console, out, seeds=seeds, epochs=epochs, model=None, configs=configs, repeats=200)
+
+
+def _train_config(cls, preset_name, config_file, **overrides):
+    if (preset_name is None) == (config_file is None):
+        raise click.UsageError("give exactly one of --preset NAME or --config FILE.")
+    try:
+        if config_file is not None:
+            return cls.from_file(config_file, **overrides)
+        return cls.from_dict({"preset": preset_name}, **overrides)
+    except (TypeError, ValueError) as error:
+        hint = "--config" if config_file is not None else "--preset"
+        raise click.BadParameter(str(error), param_hint=hint) from None
+
+
+def _guarded(run):
+    """Run a training job; its NaN guard and key checks become clean CLI errors."""
+    from stejax.keys import KeyReuseError
+    from stejax.train import NonFiniteError
+
+    try:
+        return run()
+    except (NonFiniteError, KeyReuseError) as error:
+        raise click.ClickException(f"{type(error).__name__}: {error}") from None
+
+
+def _progress(console: Console):
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+        # No bar when the output is not a terminal (pipes, CI, tests).
+        disable=not console.is_terminal,
+    )
+
+
+def _run_compare(
+    console: Console, out: Path, *, seeds: int, epochs: int | None, model: str | None, configs: str | None, repeats: int
+) -> None:
+    from stejax.model import PRESETS
+    from stejax.train import TrainConfig, compare
+
+    names = PRESETS if configs is None else tuple(c.strip() for c in configs.split(",") if c.strip())
+    unknown = [n for n in names if n not in PRESETS]
+    if unknown or not names:
+        raise click.BadParameter(
+            f"unknown configuration {unknown[0]!r}; choose from {', '.join(PRESETS)}."
+            if unknown
+            else "no configuration given.",
+            param_hint="--configs",
+        )
+    base = TrainConfig.from_dict({}, epochs=epochs, model=model)
+    console.print(Text(f"comparing {', '.join(names)} over {seeds} seed(s), {base.model}, up to {base.epochs} epochs"))
+    with _progress(console) as progress:
+        task = progress.add_task("training", total=len(names) * seeds)
+
+        def on_event(event: Mapping[str, Any]) -> None:
+            if event["event"] == "epoch":
+                record = event["record"]
+                progress.update(task, description=f"{event['preset']} seed {event['seed']} epoch {record['epoch']}")
+            elif event["event"] == "run":
+                progress.update(task, advance=1)
+            else:
+                progress.update(task, description="timing the steps")
+
+        report = _guarded(
+            lambda: compare(names, seeds=seeds, base=base, out_dir=out, timing_repeats=repeats, on_event=on_event)
+        )
+    console.print(_compare_table(report))
+    for target in report["targets"]:
+        if target["met"] is not None:
+            mark = "met" if target["met"] else "MISSED"
+            console.print(Text(f"  {mark:6s} {target['target']}: {target['measured']}"))
+    console.print(Text(f"report: {(out / 'report.md').resolve()}"))
+
+
+def _compare_table(report: Mapping[str, Any]) -> Table:
+    table = Table(title="QAT comparison (test accuracy over seeds)")
+    for column in ("configuration", "test accuracy %", "std", "step ms"):
+        table.add_column(column, justify="left" if column == "configuration" else "right")
+    for name, row in report["summary"].items():
+        table.add_row(
+            Text(name),
+            Text(f"{100 * row['test_accuracy_mean']:.2f}"),
+            Text(f"{100 * row['test_accuracy_std']:.2f}"),
+            Text(f"{row['step_ms_median']:.3f}"),
+        )
+    return table
 
 
 def _demo_catalog(console: Console, out: Path) -> None:

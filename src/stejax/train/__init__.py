@@ -1,0 +1,35 @@
+"""The reference quantisation-aware training pipeline: train one model, or compare the QAT presets.
+
+Pure functions for one step (:func:`forward`, :func:`loss`, :func:`update`), a
+training loop with one explicit key stream, early stopping and a non-finite guard
+(:func:`train`), run directories written with safetensors and JSON
+(:func:`save_run`, :func:`load_run`), and the comparison of every QAT preset over
+seeds with its report (:func:`compare`). Needs the optional extra
+``stejax[train]`` (optax, scikit-learn, safetensors; matplotlib for the plots).
+"""
+
+from stejax.train._compare import TARGETS as TARGETS
+from stejax.train._compare import Target as Target
+from stejax.train._compare import compare as compare
+from stejax.train._compare import time_steps as time_steps
+from stejax.train._config import TrainConfig as TrainConfig
+from stejax.train._config import make_optimizer as make_optimizer
+from stejax.train._loop import KeyCheck as KeyCheck
+from stejax.train._loop import TrainResult as TrainResult
+from stejax.train._loop import load_splits as load_splits
+from stejax.train._loop import train as train
+from stejax.train._rundir import Run as Run
+from stejax.train._rundir import load_params as load_params
+from stejax.train._rundir import load_run as load_run
+from stejax.train._rundir import save_params as save_params
+from stejax.train._rundir import save_run as save_run
+from stejax.train._step import Batch as Batch
+from stejax.train._step import NonFiniteError as NonFiniteError
+from stejax.train._step import StepMetrics as StepMetrics
+from stejax.train._step import compiled_update as compiled_update
+from stejax.train._step import evaluate as evaluate
+from stejax.train._step import forward as forward
+from stejax.train._step import loss as loss
+from stejax.train._step import needs_key as needs_key
+from stejax.train._step import raise_if_nonfinite as raise_if_nonfinite
+from stejax.train._step import update as update

@@ -1,0 +1,332 @@
+"""The training loop: one explicit key stream, jitted steps, early stopping, the best parameters."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from stejax import keys
+from stejax.data import Normalizer, Splits, batches, load_digits, split
+from stejax.model import ModelConfig, QATConfig, init_params
+from stejax.train._config import TrainConfig, make_optimizer
+from stejax.train._step import (
+    Batch,
+    compiled_evaluate,
+    compiled_update,
+    needs_key,
+    raise_if_nonfinite,
+    update,
+)
+
+__all__ = ["KeyCheck", "TrainResult", "load_splits", "train"]
+
+# Rows of the (standardised) training set used to initialise the LSQ input steps.
+CALIBRATION_ROWS = 256
+
+
+@dataclasses.dataclass(frozen=True)
+class KeyCheck:
+    """What ``train(..., debug_keys=n)`` proved about the key stream.
+
+    Attributes:
+      steps: how many steps ran eagerly under :func:`stejax.keys.checked`.
+      keys_recorded: how many distinct keys the ledger saw (made or consumed).
+      unused: where each key that was made but never consumed in the checked part
+        was made. The loop carries exactly one key forward, so this has one entry
+        when every other subkey was consumed.
+    """
+
+    steps: int
+    keys_recorded: int
+    unused: tuple[str, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        return {"steps": self.steps, "keys_recorded": self.keys_recorded, "unused": list(self.unused)}
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class TrainResult:
+    """The outcome of :func:`train`.
+
+    Attributes:
+      config: the recipe.
+      model_config: the model it built.
+      qat_config: the QAT configuration.
+      params: the best parameters (highest validation accuracy; on ties the lower
+        validation loss), float32 leaves.
+      normalizer: the feature standardisation fitted on the training split.
+      history: one record per epoch, as written to ``metrics.jsonl``.
+      best_epoch: the 1-based epoch of ``params``.
+      best_val_accuracy: the validation accuracy of ``params``.
+      test_loss: the test cross-entropy of ``params`` (computed once, at the end).
+      test_accuracy: the test accuracy of ``params``, a fraction.
+      n_test: the number of test examples.
+      stopped_early: whether patience ended the run before ``config.epochs``.
+      seconds: the wall time of the whole run.
+      key_check: the key ledger's findings with ``debug_keys``, else None.
+    """
+
+    config: TrainConfig
+    model_config: ModelConfig
+    qat_config: QATConfig
+    params: Any
+    normalizer: Normalizer
+    history: tuple[dict[str, Any], ...]
+    best_epoch: int
+    best_val_accuracy: float
+    test_loss: float
+    test_accuracy: float
+    n_test: int
+    stopped_early: bool
+    seconds: float
+    key_check: KeyCheck | None = None
+
+    def report(self) -> dict[str, Any]:
+        """The run's ``report.json`` content."""
+        return {
+            "preset": self.config.preset,
+            "seed": self.config.seed,
+            "test_accuracy": self.test_accuracy,
+            "test_loss": self.test_loss,
+            "n_test": self.n_test,
+            "best_epoch": self.best_epoch,
+            "best_val_accuracy": self.best_val_accuracy,
+            "epochs_run": len(self.history),
+            "stopped_early": self.stopped_early,
+            "seconds": self.seconds,
+            "key_check": None if self.key_check is None else self.key_check.to_dict(),
+        }
+
+
+def load_splits(config: TrainConfig) -> Splits:
+    """The scikit-learn digits, split by ``config.data_seed`` and the config's fractions."""
+    return split(
+        load_digits(),
+        seed=config.data_seed,
+        val_fraction=config.val_fraction,
+        test_fraction=config.test_fraction,
+    )
+
+
+def train(
+    config: TrainConfig,
+    *,
+    splits: Splits | None = None,
+    out_dir: str | Path | None = None,
+    debug_keys: int = 0,
+    on_epoch: Callable[[Mapping[str, Any]], None] | None = None,
+) -> TrainResult:
+    r"""Train one model by ``config``; keep the parameters with the best validation accuracy.
+
+    The data: ``splits`` (default: :func:`load_splits`), standardised by a
+    :class:`stejax.data.Normalizer` fitted on the training split. Each epoch walks
+    the training split in a fresh random order in batches of ``batch_size``
+    (the remainder dropped), one jitted :func:`update` per batch (compiled once per
+    configuration and reused by every seed), then scores the validation split.
+    The test split is scored once, after training, with the best parameters; it
+    never steers training or selection.
+
+    The keys form one explicit stream from ``jax.random.key(config.seed)``:
+
+    .. code-block:: text
+
+       key(seed) -> init (one subkey per layer) | run
+       run -> run | epoch shuffle   (once per epoch: jax.random.permutation)
+       run -> run | step            (once per step, models with dropout only:
+                                     one subkey per example, split again per layer)
+
+    Every subkey is consumed by exactly one random operation; ``debug_keys=n``
+    proves it for the initialisation, the first shuffle and the first ``n`` steps
+    (at most one epoch) by running them eagerly under :func:`stejax.keys.checked`,
+    which raises :class:`stejax.keys.KeyReuseError` at a second use.
+
+    The best parameters are those of the epoch with the highest validation
+    accuracy; ties (one example is ``1 / len(val)``, so they are common) go to the
+    lower validation loss. Early stopping: after ``patience`` epochs in a row
+    without a better epoch in this sense the run ends. After every step the loss, gradient and parameters are
+    checked; a NaN or infinity raises :class:`NonFiniteError` naming the step and
+    the first non-finite leaf (nothing is ever replaced by a number).
+
+    Args:
+      config: the recipe.
+      splits: the data (default: the digits split by ``config``).
+      out_dir: if given, the run directory: ``metrics.jsonl`` gets one line per
+        epoch as training goes, and :func:`save_run` writes the rest at the end.
+      debug_keys: the number of leading steps to check with the key ledger
+        (default 0: off).
+      on_epoch: called with each epoch's record (for a progress display).
+
+    Returns:
+      A :class:`TrainResult`.
+
+    Raises:
+      NonFiniteError: a non-finite loss, gradient or parameter.
+      stejax.keys.KeyReuseError: in debug mode, a key consumed twice.
+      ValueError: a training split smaller than one batch, an empty validation or
+        test split, or a config that does not fit the data.
+    """
+    if not isinstance(config, TrainConfig):
+        raise TypeError(f"train: config must be a TrainConfig; got {type(config).__name__}.")
+    if isinstance(debug_keys, bool) or not isinstance(debug_keys, int) or debug_keys < 0:
+        raise ValueError(f"train: debug_keys must be an int >= 0 (steps to check); got {debug_keys!r}.")
+    started = time.perf_counter()
+    splits = load_splits(config) if splits is None else splits
+    for part in ("val", "test"):
+        if len(getattr(splits, part)) == 0:
+            raise ValueError(f"train: the {part} split is empty; it needs at least one example.")
+    n_train = len(splits.train)
+    steps_per_epoch = n_train // config.batch_size
+    if steps_per_epoch == 0:
+        raise ValueError(
+            f"train: batch_size {config.batch_size} is larger than the training split ({n_train} examples)."
+        )
+    normalizer = Normalizer.fit(splits.train.x)
+    x_train, y_train = normalizer.apply(splits.train.x), np.asarray(splits.train.y)
+    x_val, y_val = jnp.asarray(normalizer.apply(splits.val.x)), jnp.asarray(splits.val.y)
+    model_config = config.model_config(splits.train)
+    qat_config = config.qat_config()
+    optimizer = make_optimizer(config, steps_per_epoch)
+    step_fn = compiled_update(model_config, qat_config, optimizer)
+    evaluate_fn = compiled_evaluate(model_config, qat_config)
+    with_key = needs_key(model_config, train=True)
+
+    metrics_path = None
+    if out_dir is not None:
+        out_dir = Path(out_dir)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        metrics_path = out_dir / "metrics.jsonl"
+        metrics_path.write_text("", encoding="utf-8")
+
+    # The debug block (ledger and eager mode) is closed after the checked steps, or
+    # here on the way out, also when a step raises.
+    with contextlib.ExitStack() as debug:
+        ledger = None
+        if debug_keys:
+            ledger = debug.enter_context(keys.checked())
+            debug.enter_context(jax.disable_jit())
+        key_check = None
+
+        k_init, k_run = keys.split(jax.random.key(config.seed), where="train: seed -> init, run")
+        calibration = x_train[: min(CALIBRATION_ROWS, n_train)]
+        params = init_params(k_init, model_config, qat_config, calibration_batch=calibration)
+        opt_state = optimizer.init(params)
+
+        history: list[dict[str, Any]] = []
+        best = {"params": params, "epoch": 0, "val_accuracy": -1.0, "val_loss": float("inf")}
+        stale = 0
+        stopped_early = False
+        global_step = 0
+        for epoch in range(1, config.epochs + 1):
+            epoch_start = time.perf_counter()
+            k_run, k_shuffle = keys.split(k_run, where=f"train: run -> run, epoch {epoch} shuffle")
+            order = jax.random.permutation(keys.consume(k_shuffle, where=f"train: epoch {epoch} shuffle"), n_train)
+            step_metrics = []
+            for b, (xb, yb) in enumerate(
+                batches(x_train, y_train, batch_size=config.batch_size, order=np.asarray(order), drop_last=True),
+                start=1,
+            ):
+                global_step += 1
+                k_step = None
+                if with_key:
+                    k_run, k_step = keys.split(k_run, where=f"train: run -> run, step {global_step}")
+                batch = Batch(jnp.asarray(xb), jnp.asarray(yb))
+                step_params = params
+                if ledger is not None:
+                    params, opt_state, metrics = update(
+                        params,
+                        opt_state,
+                        batch,
+                        k_step,
+                        model_config=model_config,
+                        qat_config=qat_config,
+                        optimizer=optimizer,
+                    )
+                else:
+                    params, opt_state, metrics = step_fn(params, opt_state, batch, k_step)
+                raise_if_nonfinite(
+                    metrics,
+                    step=global_step,
+                    params=step_params,
+                    batch=batch,
+                    key=k_step,
+                    model_config=model_config,
+                    qat_config=qat_config,
+                    where=f"epoch {epoch}, batch {b}",
+                )
+                step_metrics.append((metrics.loss, metrics.zero_grad))
+                if ledger is not None and (global_step >= debug_keys or b == steps_per_epoch):
+                    debug.close()
+                    key_check = KeyCheck(global_step, len(ledger), ledger.unused())
+                    ledger = None
+            losses, zero_grads = jax.device_get(list(zip(*step_metrics, strict=True)))
+            val_loss, val_correct = evaluate_fn(params, x_val, y_val)
+            val_accuracy = int(val_correct) / len(splits.val)
+            record = {
+                "epoch": epoch,
+                "train_loss": float(np.mean(losses)),
+                "val_loss": float(val_loss),
+                "val_accuracy": val_accuracy,
+                "seconds": time.perf_counter() - epoch_start,
+                "steps": global_step,
+                "zero_grad_fraction": _mean_stats(zero_grads),
+            }
+            history.append(record)
+            if metrics_path is not None:
+                with metrics_path.open("a", encoding="utf-8") as f:
+                    f.write(json.dumps(record) + "\n")
+            if on_epoch is not None:
+                on_epoch(record)
+            # Higher validation accuracy wins; on a tie (common: one example is
+            # 1/len(val)), the lower validation loss.
+            if (val_accuracy, -record["val_loss"]) > (best["val_accuracy"], -best["val_loss"]):
+                best = {"params": params, "epoch": epoch, "val_accuracy": val_accuracy, "val_loss": record["val_loss"]}
+                stale = 0
+            else:
+                stale += 1
+                if config.patience is not None and stale >= config.patience and epoch < config.epochs:
+                    stopped_early = True
+                    break
+
+    x_test, y_test = jnp.asarray(normalizer.apply(splits.test.x)), jnp.asarray(splits.test.y)
+    test_loss, test_correct = evaluate_fn(best["params"], x_test, y_test)
+    result = TrainResult(
+        config=config,
+        model_config=model_config,
+        qat_config=qat_config,
+        params=best["params"],
+        normalizer=normalizer,
+        history=tuple(history),
+        best_epoch=best["epoch"],
+        best_val_accuracy=max(best["val_accuracy"], 0.0),
+        test_loss=float(test_loss),
+        test_accuracy=int(test_correct) / len(splits.test),
+        n_test=len(splits.test),
+        stopped_early=stopped_early,
+        seconds=time.perf_counter() - started,
+        key_check=key_check,
+    )
+    if out_dir is not None:
+        from stejax.train._rundir import save_run
+
+        save_run(result, out_dir, splits=splits)
+    return result
+
+
+def _mean_stats(per_step: tuple[dict[str, dict[str, Any]], ...]) -> dict[str, float]:
+    """Average apply's per-step fractions over the epoch: ``{"layer_i/part": mean}``."""
+    sums: dict[str, list[float]] = {}
+    for stats in per_step:
+        for layer, parts in stats.items():
+            for part, value in parts.items():
+                sums.setdefault(f"{layer}/{part}", []).append(float(value))
+    return {name: float(np.mean(values)) for name, values in sums.items()}

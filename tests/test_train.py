@@ -1,0 +1,644 @@
+"""The reference QAT training pipeline (stejax.train): step functions, loop, run directory, CLI.
+
+Small on purpose: a 400-example subset of the digits, tiny models and one or two
+epochs, so that the whole file stays well under a minute. The full comparison is
+what `stejax demo` runs.
+
+Stated tolerances (also recorded in every compare report):
+the jitted, eager and per-example paths compute the same float32 operations in
+different orders (a batched matmul against one dot per example; XLA fuses under
+jit), so they agree to rtol = atol = 1e-5 on logits and parameters, and to
+rtol 1e-5 / atol 1e-6 on the loss.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from click.testing import CliRunner
+
+import stejax.train._compare as compare_module
+import stejax.train._loop as loop_module
+from stejax import keys
+from stejax.cli import main
+from stejax.data import Normalizer, Splits, load_digits, split
+from stejax.model import PRESETS, apply, check_params, init_params, param_spec, preset
+from stejax.train import (
+    TARGETS,
+    Batch,
+    NonFiniteError,
+    StepMetrics,
+    Target,
+    TrainConfig,
+    compare,
+    compiled_update,
+    evaluate,
+    forward,
+    load_params,
+    load_run,
+    loss,
+    make_optimizer,
+    raise_if_nonfinite,
+    save_params,
+    time_steps,
+    train,
+    update,
+)
+from stejax.train._compare import NUMERICAL_TOLERANCES
+
+LOGIT_TOL = NUMERICAL_TOLERANCES["jit_vs_eager_logits"]
+LOSS_TOL = NUMERICAL_TOLERANCES["jit_vs_eager_loss"]
+
+# The tiny recipe most tests share (one compiled step per preset, reused across tests).
+TINY = TrainConfig(model="mlp", hidden=(16,), dropout=0.1, batch_size=32, epochs=2, patience=None)
+TINY_CNN = dataclasses.replace(TINY, model="cnn", channels=(4, 6))
+
+
+@functools.cache
+def _splits() -> Splits:
+    """400 digits (seeded choice), split 280 / 60 / 60."""
+    digits = load_digits()
+    rows = np.sort(np.random.default_rng(0).choice(len(digits), 400, replace=False))
+    small = dataclasses.replace(digits, x=digits.x[rows], y=digits.y[rows], name="digits-400")
+    return split(small, seed=0)
+
+
+def _batch(n: int = 8) -> Batch:
+    splits = _splits()
+    x = Normalizer.fit(splits.train.x).apply(splits.train.x[:n])
+    return Batch(x, np.asarray(splits.train.y[:n]))
+
+
+@functools.cache
+def _model(model: str, name: str):
+    config = dataclasses.replace(TINY if model == "mlp" else TINY_CNN, preset=name)
+    mc, qc = config.model_config(_splits().train), config.qat_config()
+    # Uncalibrated: the fixed LSQ steps suit standardised features, and calibration
+    # (an eager pass per layer) is what `train` does and is covered there.
+    return mc, qc, init_params(jax.random.key(0), mc, qc)
+
+
+def _np_cross_entropy(logits: np.ndarray, labels: np.ndarray) -> float:
+    z = logits.astype(np.float64)
+    lse = np.log(np.sum(np.exp(z - z.max(axis=1, keepdims=True)), axis=1)) + z.max(axis=1)
+    return float(np.mean(lse - z[np.arange(len(labels)), labels]))
+
+
+# ----------------------------------------------------------------------------- shapes, dtypes, values
+
+
+MODELS_AND_PRESETS = [("mlp", "float"), ("mlp", "w4a4"), ("mlp", "w1a1"), ("cnn", "w4a4")]
+
+
+@pytest.mark.parametrize(("model", "name"), MODELS_AND_PRESETS)
+def test_shapes_and_dtypes_follow_the_contract(model, name):
+    mc, qc, params = _model(model, name)
+    batch = _batch(32)
+    jitted = jax.jit(functools.partial(forward, model_config=mc, qat_config=qc, return_stats=True))
+    logits, stats = jitted(params, batch.x)
+    assert logits.shape == (32, 10) and logits.dtype == jnp.float32
+    for leaf in jax.tree.leaves(stats):
+        assert leaf.shape == () and leaf.dtype == jnp.float32 and 0 <= float(leaf) <= 1
+    opt = make_optimizer(TINY, 8)
+    opt_state = opt.init(params)
+    new, new_state, metrics = compiled_update(mc, qc, opt)(params, opt_state, batch, jax.random.key(1))
+    check_params(new, param_spec(mc, qc))
+    assert jax.tree.structure(new_state) == jax.tree.structure(opt_state)
+    assert isinstance(metrics, StepMetrics)
+    assert metrics.loss.shape == () and metrics.loss.dtype == jnp.float32
+    assert metrics.finite.shape == () and metrics.finite.dtype == jnp.bool_ and bool(metrics.finite)
+    assert jax.tree.structure(metrics.zero_grad) == jax.tree.structure(stats)
+
+
+@pytest.mark.parametrize("name", ["float", "w4a4"])
+def test_loss_is_the_mean_cross_entropy(name):
+    mc, qc, params = _model("mlp", name)
+    batch = _batch()
+    logits = np.asarray(forward(params, batch.x, model_config=mc, qat_config=qc))
+    got = float(loss(params, batch, model_config=mc, qat_config=qc))
+    np.testing.assert_allclose(got, _np_cross_entropy(logits, batch.y), rtol=1e-6)
+
+
+def test_update_is_one_optimiser_step_on_the_gradient():
+    mc, qc, params = _model("mlp", "w4a4")
+    mc = dataclasses.replace(mc, dropout=0.0)
+    batch, opt = _batch(), optax.sgd(0.5)
+    grads = jax.jit(jax.grad(functools.partial(loss, model_config=mc, qat_config=qc, train=True)))(params, batch)
+    step = jax.jit(functools.partial(update, model_config=mc, qat_config=qc, optimizer=opt))
+    new, _, metrics = step(params, opt.init(params), batch, None)
+    expected = jax.tree.map(lambda p, g: p - 0.5 * g, params, grads)
+    for a, b in zip(jax.tree.leaves(new), jax.tree.leaves(expected), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+    assert float(metrics.loss) == pytest.approx(float(loss(params, batch, model_config=mc, qat_config=qc)))
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_loss_and_gradients_are_finite_on_a_normal_batch(name):
+    mc, qc, params = _model("mlp", name)
+    value_and_grad = jax.jit(jax.value_and_grad(functools.partial(loss, model_config=mc, qat_config=qc, train=True)))
+    value, grads = value_and_grad(params, _batch(32), key=jax.random.key(2))
+    assert np.isfinite(float(value))
+    for g in jax.tree.leaves(grads):
+        assert np.isfinite(np.asarray(g)).all()
+    w = np.asarray(grads["layers"][0]["w"])
+    if name == "w4a4_no_ste":
+        # Plain rounding: nothing reaches the weights; this is the baseline's point.
+        assert not w.any()
+    else:
+        assert w.any()
+
+
+@pytest.mark.parametrize(
+    ("make", "error", "message"),
+    [
+        (lambda x: x[:, :63], ValueError, r"expected 64 features.*got shape \(8, 63\)"),
+        (lambda x: x.astype(np.float64), TypeError, r"expected dtype float32; got float64"),
+        (lambda x: np.where(np.arange(64) == 5, np.float32(np.nan), x), ValueError, r"finite.*row 0.*feature 5"),
+        (lambda x: x[0], ValueError, r"batch of shape \(N, 64\)"),
+    ],
+    ids=["features", "dtype", "nan", "one-example"],
+)
+def test_invalid_input_raises_instead_of_producing_output(make, error, message):
+    mc, qc, params = _model("mlp", "w4a4")
+    batch = _batch()
+    x = make(batch.x)
+    with pytest.raises(error, match=message):
+        forward(params, x, model_config=mc, qat_config=qc)
+    if x.ndim == 2:
+        with pytest.raises(error, match=message):
+            loss(params, (x, batch.y), model_config=mc, qat_config=qc)
+        with pytest.raises(error, match=message):
+            evaluate(params, x, batch.y, model_config=mc, qat_config=qc)
+
+
+@pytest.mark.parametrize(
+    ("labels", "error", "message"),
+    [
+        (np.zeros(8, np.int64), TypeError, r"labels must be an int32 array; got dtype int64"),
+        (np.zeros(7, np.int32), ValueError, r"labels must have shape \(8,\)"),
+        (np.full(8, 10, np.int32), ValueError, r"labels must be in \[0, 10\); got 10 at index 0"),
+    ],
+)
+def test_invalid_labels_raise(labels, error, message):
+    mc, qc, params = _model("mlp", "float")
+    with pytest.raises(error, match=message):
+        loss(params, (_batch().x, labels), model_config=mc, qat_config=qc)
+
+
+def test_training_with_dropout_needs_a_key():
+    mc, qc, params = _model("mlp", "float")
+    with pytest.raises(TypeError, match=r"dropout 0\.1 needs a PRNG key"):
+        forward(params, _batch().x, model_config=mc, qat_config=qc, train=True)
+
+
+# ----------------------------------------------------------------------------- plain, jit and vmap agree
+
+
+@pytest.mark.parametrize(("model", "name"), MODELS_AND_PRESETS)
+def test_plain_jit_and_vmap_paths_agree(model, name):
+    mc, qc, params = _model(model, name)
+    batch = _batch(32)
+    jitted = np.asarray(
+        jax.jit(functools.partial(forward, model_config=mc, qat_config=qc))(params, jnp.asarray(batch.x))
+    )
+    # Without vmap: one example at a time through the model's own apply.
+    one = jax.jit(functools.partial(apply, model_config=mc, qat_config=qc))
+    one_by_one = np.stack([one(params, x) for x in jnp.asarray(batch.x[:8])])
+    np.testing.assert_allclose(one_by_one, jitted[:8], **NUMERICAL_TOLERANCES["vmap_vs_loop_logits"])
+    if model == "mlp":  # op by op (the CNN's first eager run costs seconds of per-op compiles)
+        with jax.disable_jit():
+            plain = np.asarray(forward(params, batch.x, model_config=mc, qat_config=qc))
+        np.testing.assert_allclose(jitted, plain, **LOGIT_TOL)
+
+
+def test_eager_and_compiled_steps_agree():
+    # One training step (dropout on, the same key), op by op and compiled. The eager
+    # step runs as train's debug mode runs it (so the two share per-op compiles),
+    # and the ledger sees the step consume its key once, by one split per example.
+    mc, qc, params = _model("mlp", "w4a4")
+    batch = _batch(32)
+    opt = make_optimizer(TINY, 8)
+    state, key = opt.init(params), jax.random.key(3)
+    with keys.checked() as ledger, jax.disable_jit():
+        eager = update(params, state, batch, key, model_config=mc, qat_config=qc, optimizer=opt)
+    assert len(ledger) == 1 + 32 and ledger.unused() == ()
+    compiled = compiled_update(mc, qc, opt)(params, state, batch, key)
+    np.testing.assert_allclose(compiled[2].loss, eager[2].loss, **LOSS_TOL)
+    for a, b in zip(jax.tree.leaves(compiled[0]), jax.tree.leaves(eager[0]), strict=True):
+        np.testing.assert_allclose(a, b, **LOGIT_TOL)
+
+
+# ----------------------------------------------------------------------------- keys
+
+
+def test_debug_keys_proves_each_key_is_consumed_once():
+    result = train(dataclasses.replace(TINY, preset="w4a4"), splits=_splits(), debug_keys=2)
+    check = result.key_check
+    assert check is not None and check.steps == 2
+    # Every key made is consumed exactly once, except the one carried forward.
+    assert check.unused == ("train: run -> run, step 2",)
+    # 2 (seed) + 1 (init's split) * 2 layers + 2 (epoch shuffle) + 2 steps * (2 + 32 examples) at least.
+    assert check.keys_recorded >= 2 + 2 + 2 + 2 * 34
+
+
+def test_without_dropout_the_loop_makes_no_step_keys():
+    config = dataclasses.replace(TINY, dropout=0.0)
+    check = train(config, splits=_splits(), debug_keys=1).key_check
+    assert check.unused == ("train: run -> run, epoch 1 shuffle",)
+
+
+def test_reusing_a_key_in_forward_is_caught():
+    mc, qc, params = _model("mlp", "float")
+    key = jax.random.key(5)
+    with keys.checked(jax_check=False):
+        forward(params, _batch().x, model_config=mc, qat_config=qc, key=key, train=True)
+        with pytest.raises(keys.KeyReuseError, match="consumed twice"):
+            forward(params, _batch().x, model_config=mc, qat_config=qc, key=key, train=True)
+
+
+# ----------------------------------------------------------------------------- the loop
+
+
+def test_update_compiles_once_for_all_seeds():
+    config = dataclasses.replace(TINY, preset="w2a2")
+    for seed in (0, 1):
+        train(dataclasses.replace(config, seed=seed), splits=_splits())
+    mc, qc = config.model_config(_splits().train), config.qat_config()
+    step = compiled_update(mc, qc, make_optimizer(config, len(_splits().train) // config.batch_size))
+    assert step._cache_size() == 1
+
+
+def test_seeds_are_reproducible_and_distinct():
+    a = train(TINY, splits=_splits())
+    b = train(TINY, splits=_splits())
+    c = train(dataclasses.replace(TINY, seed=1), splits=_splits())
+    for x, y in zip(jax.tree.leaves(a.params), jax.tree.leaves(b.params), strict=True):
+        assert np.array_equal(x, y)
+    assert [r["train_loss"] for r in a.history] == [r["train_loss"] for r in b.history]
+    assert [r["train_loss"] for r in a.history] != [r["train_loss"] for r in c.history]
+
+
+def _nan_at(params, layer: int, leaf: str):
+    layers = list(params["layers"])
+    value = layers[layer][leaf]
+    layers[layer] = dict(layers[layer], **{leaf: value.at[(0,) * value.ndim].set(jnp.nan)})
+    return {"layers": tuple(layers)}
+
+
+def test_non_finite_parameter_stops_the_run_naming_step_and_leaf(monkeypatch):
+    real_init = loop_module.init_params
+    monkeypatch.setattr(loop_module, "init_params", lambda *a, **k: _nan_at(real_init(*a, **k), 1, "w"))
+    with pytest.raises(
+        NonFiniteError, match=r"parameter at step 1 \(epoch 1, batch 1\).*params\['layers'\]\[1\]\['w'\]"
+    ) as info:
+        train(TINY, splits=_splits())
+    assert (info.value.step, info.value.part, info.value.path) == (1, "parameter", "['layers'][1]['w']")
+
+
+def test_non_finite_guard_counts_steps(monkeypatch):
+    # The step after the third returns a NaN bias; the fourth step meets it.
+    calls = []
+    real = loop_module.compiled_update
+
+    def poisoning(*args):
+        step = real(*args)
+
+        def wrapped(params, opt_state, batch, key):
+            calls.append(1)
+            params, opt_state, metrics = step(params, opt_state, batch, key)
+            return (_nan_at(params, 0, "b") if len(calls) == 3 else params), opt_state, metrics
+
+        return wrapped
+
+    monkeypatch.setattr(loop_module, "compiled_update", poisoning)
+    with pytest.raises(NonFiniteError, match=r"step 4 .*params\['layers'\]\[0\]\['b'\] \(layers/0/b\)"):
+        train(TINY, splits=_splits())
+
+
+def test_non_finite_loss_is_named():
+    mc, qc, params = _model("mlp", "float")
+    huge = {"layers": tuple(dict(p, w=p["w"] * np.float32(1e37)) for p in params["layers"])}
+    batch = _batch()
+    opt = optax.sgd(0.1)
+    _, _, metrics = update(
+        huge, opt.init(huge), batch, jax.random.key(0), model_config=mc, qat_config=qc, optimizer=opt
+    )
+    with pytest.raises(NonFiniteError, match=r"non-finite loss at step 7") as info:
+        raise_if_nonfinite(
+            metrics, step=7, params=huge, batch=batch, key=jax.random.key(0), model_config=mc, qat_config=qc
+        )
+    assert info.value.part == "loss"
+
+
+def test_early_stopping_stops():
+    # A learning rate too small to change a float32 parameter: validation never improves.
+    config = dataclasses.replace(TINY, learning_rate=1e-30, schedule="constant", epochs=10, patience=2)
+    result = train(config, splits=_splits())
+    assert result.stopped_early and len(result.history) == 3 and result.best_epoch == 1
+
+
+def test_best_parameters_are_those_of_the_best_validation_epoch():
+    result = train(TINY, splits=_splits())
+    best = max(result.history, key=lambda r: (r["val_accuracy"], -r["val_loss"]))
+    assert result.best_epoch == best["epoch"] and result.best_val_accuracy == best["val_accuracy"]
+    x = result.normalizer.apply(_splits().val.x)
+    _, accuracy = evaluate(
+        result.params, x, _splits().val.y, model_config=result.model_config, qat_config=result.qat_config
+    )
+    assert accuracy == result.best_val_accuracy
+
+
+def test_the_test_split_is_scored_once_at_the_end(monkeypatch):
+    seen = []
+    real = loop_module.compiled_evaluate
+
+    def spying(*args):
+        fn = real(*args)
+
+        def wrapped(params, x, y):
+            seen.append(x.shape[0])
+            return fn(params, x, y)
+
+        return wrapped
+
+    monkeypatch.setattr(loop_module, "compiled_evaluate", spying)
+    splits = _splits()
+    # Make the test split's size unique so that its calls can be told apart.
+    test = dataclasses.replace(splits.test, x=splits.test.x[:-1], y=splits.test.y[:-1])
+    result = train(TINY, splits=dataclasses.replace(splits, test=test))
+    assert seen == [len(splits.val)] * 2 + [len(test)]
+    assert result.n_test == len(test)
+
+
+# ----------------------------------------------------------------------------- the run directory
+
+
+def test_metrics_jsonl_has_the_fields(tmp_path):
+    result = train(dataclasses.replace(TINY, preset="w4a4"), splits=_splits(), out_dir=tmp_path)
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    records = [json.loads(line) for line in lines]
+    assert [r["epoch"] for r in records] == [1, 2]
+    assert records == list(result.history)
+    parts = {f"layer_{i}/{p}" for i in range(2) for p in ("weights", "activations")}
+    for r in records:
+        assert {"epoch", "train_loss", "val_loss", "val_accuracy", "seconds", "zero_grad_fraction"} <= set(r)
+        assert set(r["zero_grad_fraction"]) == parts
+        assert all(0 <= v <= 1 for v in r["zero_grad_fraction"].values())
+        assert np.isfinite([r["train_loss"], r["val_loss"]]).all() and 0 <= r["val_accuracy"] <= 1
+
+
+def test_run_directory_round_trips(tmp_path):
+    splits = _splits()
+    result = train(dataclasses.replace(TINY_CNN, preset="w4a4"), splits=splits, out_dir=tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "config.json",
+        "metrics.jsonl",
+        "normalizer.json",
+        "params.safetensors",
+        "report.json",
+    ]
+    run = load_run(tmp_path)
+    assert run.config == result.config and run.model_config == result.model_config
+    for a, b in zip(jax.tree.leaves(run.params), jax.tree.leaves(result.params), strict=True):
+        assert np.array_equal(a, b)
+    assert np.array_equal(run.normalizer.mean, result.normalizer.mean)
+    _, accuracy = evaluate(
+        run.params,
+        run.normalizer.apply(splits.test.x),
+        splits.test.y,
+        model_config=run.model_config,
+        qat_config=run.qat_config,
+    )
+    assert accuracy == run.report["test_accuracy"] == result.test_accuracy
+    assert run.data["n_test"] == len(splits.test) and run.report["n_test"] == len(splits.test)
+
+
+def test_safetensors_leaves_are_named_by_their_path(tmp_path):
+    from safetensors.numpy import load_file
+
+    mc, qc, params = _model("mlp", "w4a4")
+    save_params(params, tmp_path / "w4a4.safetensors")
+    assert list(load_file(str(tmp_path / "w4a4.safetensors"))) == sorted(param_spec(mc, qc))
+    with pytest.raises(ValueError, match=r"holds 'layers/0/a_step', not a parameter"):
+        load_params(tmp_path / "w4a4.safetensors", mc, preset("float"))
+    save_params(_model("mlp", "float")[2], tmp_path / "float.safetensors")
+    with pytest.raises(ValueError, match=r"lacks 'layers/0/w_step'"):
+        load_params(tmp_path / "float.safetensors", mc, qc)
+
+
+# ----------------------------------------------------------------------------- configs
+
+
+@pytest.mark.parametrize(
+    ("change", "error", "message"),
+    [
+        ({"preset": "w3a3"}, ValueError, r"preset must be one of \['float', .*'w4a4_no_ste'\]; got 'w3a3'"),
+        ({"model": "rnn"}, ValueError, r"model must be one of \['mlp', 'cnn'\]"),
+        ({"epochs": 0}, ValueError, r"epochs must be an int >= 1; got 0"),
+        ({"batch_size": 2.0}, TypeError, r"batch_size must be an int; got 2.0"),
+        ({"learning_rate": 0.0}, ValueError, r"learning_rate must be a float in \(0.0, inf\); got 0.0"),
+        ({"dropout": 1.0}, ValueError, r"dropout must be a float in \[0.0, 1.0\); got 1.0"),
+        ({"strides": (1,)}, ValueError, r"strides must have one entry per channel entry \(2\); got 1"),
+        ({"val_fraction": 0.5, "test_fraction": 0.5}, ValueError, r"val_fraction \+ test_fraction must be below 1"),
+        ({"optimizer": "lamb"}, ValueError, r"optimizer must be one of"),
+    ],
+)
+def test_train_config_rejects_bad_values(change, error, message):
+    with pytest.raises(error, match=f"TrainConfig: {message}"):
+        TrainConfig(**change)
+
+
+def test_train_config_round_trips_through_json(tmp_path):
+    config = TrainConfig(preset="w2a2", hidden=(32, 16), patience=None)
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps(config.to_dict()))
+    assert TrainConfig.from_file(path) == config
+    assert TrainConfig.from_file(path, epochs=3, seed=None).epochs == 3
+    with pytest.raises(ValueError, match=r"unknown field 'lr'; the fields are \['preset'"):
+        TrainConfig.from_dict({"lr": 0.1})
+
+
+def test_cnn_needs_image_data():
+    digits = load_digits()
+    flat = dataclasses.replace(digits, image_shape=None)
+    with pytest.raises(ValueError, match="model 'cnn' needs image data"):
+        TrainConfig(model="cnn").model_config(flat)
+
+
+def test_optimizer_is_cached_per_recipe():
+    assert make_optimizer(TINY, 8) is make_optimizer(dataclasses.replace(TINY, seed=3), 8)
+    assert make_optimizer(TINY, 8) is not make_optimizer(TINY, 9)
+
+
+# ----------------------------------------------------------------------------- compare
+
+
+def _summary(**accuracy):
+    return {
+        name: {"test_accuracy_mean": acc, "step_ms_median": 1.2 if name == "w4a4" else 1.0}
+        for name, acc in accuracy.items()
+    }
+
+
+def test_targets_are_judged_as_stated():
+    s = _summary(float=0.98, w8a8=0.978, w4a4=0.9765, w2a2=0.99, w1a32=0.969, w1a1=0.95, w4a4_no_ste=0.25)
+    results = {r["target"]: r for r in (t.evaluate(s) for t in TARGETS)}
+    assert [t.preset for t in TARGETS] == ["float", "w8a8", "w4a4", "w2a2", "w1a32", "w1a1", "w4a4_no_ste", "w4a4"]
+    assert results["float >= 98%"]["met"]
+    assert results["w8a8 within 0.2 points of float"]["met"]  # exactly 0.2 points
+    assert not results["w4a4 within 0.3 points of float"]["met"]  # 0.35 points
+    assert results["w2a2 within 1.0 point of float"]["met"]  # above float
+    assert not results["w1a32 within 1.0 point of float"]["met"]
+    assert results["w1a1 within 3.0 points of float"]["met"]
+    assert results["w4a4_no_ste at or below 25%"]["met"]
+    ratio = results["w4a4 step <= 1.15 x float step"]
+    assert ratio["value"] == pytest.approx(1.2) and not ratio["met"]
+    missing = Target("w8a8 within 0.2 points of float", "w8a8", "gap", 0.2).evaluate(_summary(w8a8=0.9))
+    assert missing["met"] is None and missing["measured"] == "not run (needs w8a8, float)"
+    assert results["w2a2 within 1.0 point of float"]["measured"] == "1.00 points above float"
+
+
+def test_time_steps_interleaves_and_uses_fresh_keys():
+    order, used = [], []
+
+    def step(name):
+        def call(x, key):
+            order.append(name)
+            used.append(key)
+            return x
+
+        return call
+
+    times = time_steps(
+        {"a": (step("a"), (jnp.zeros(()),), list(range(5))), "b": (step("b"), (jnp.zeros(()),), list(range(5)))},
+        repeats=3,
+        warmup=2,
+    )
+    assert {k: len(v) for k, v in times.items()} == {"a": 3, "b": 3}
+    assert order == ["a", "a", "b", "b", "a", "b", "b", "a", "a", "b"]
+    assert used == [0, 1, 0, 1, 2, 2, 3, 3, 4, 4]
+
+
+def test_compare_writes_the_report(tmp_path):
+    report = compare(
+        ["float", "w4a4", "w4a4_no_ste"], seeds=2, base=TINY, out_dir=tmp_path, splits=_splits(), timing_repeats=3
+    )
+    saved = json.loads((tmp_path / "report.json").read_text())
+    assert saved == json.loads(json.dumps(report))
+    assert list(saved["summary"]) == ["float", "w4a4", "w4a4_no_ste"]
+    for row in saved["summary"].values():
+        assert {"test_accuracy_mean", "test_accuracy_std", "step_ms_median"} <= set(row)
+        assert len(row["test_accuracy_per_seed"]) == 2 and row["step_ms_median"] > 0
+        assert row["test_accuracy_mean"] == pytest.approx(np.mean(row["test_accuracy_per_seed"]))
+    ratio = saved["summary"]["w4a4"]["step_ms_median"] / saved["summary"]["float"]["step_ms_median"]
+    assert saved["w4a4_over_float_step_ratio"] == pytest.approx(ratio)
+    env = saved["environment"]
+    assert {"device", "platform", "jax", "jaxlib", "seeds", "dtypes", "tolerances"} <= set(env)
+    assert env["seeds"] == [0, 1] and env["jax"] == jax.__version__
+    assert [r["seed"] for r in saved["runs"]["w4a4"]] == [0, 1]
+    assert "w4a4: hidden layers weights 4-bit lsq" in saved["setup"]["qat"]["w4a4"]
+    markdown = (tmp_path / "report.md").read_text()
+    for text in ("## Targets", "float >= 98%", "w4a4 step <= 1.15 x float step", "first layer", "jax "):
+        assert text in markdown
+    for figure in saved["figures"].values():
+        assert (tmp_path / figure).read_bytes().startswith(b"\x89PNG")
+    assert load_run(tmp_path / "runs" / "w4a4" / "seed-1").config.seed == 1
+
+
+def test_compare_rejects_unknown_presets_and_bad_seeds(tmp_path):
+    with pytest.raises(ValueError, match="unknown QAT preset 'w3a3'"):
+        compare(["w3a3"], out_dir=tmp_path)
+    with pytest.raises(ValueError, match="seeds must be a positive count"):
+        compare(["float"], seeds=0, out_dir=tmp_path)
+
+
+# ----------------------------------------------------------------------------- the CLI
+
+
+@pytest.fixture
+def runner():
+    return CliRunner(env={"COLUMNS": "200"})
+
+
+@pytest.fixture
+def tiny_data(monkeypatch):
+    """The CLI loads the full digits; these tests give it the 400-example subset instead."""
+    monkeypatch.setattr(loop_module, "load_splits", lambda config: _splits())
+    monkeypatch.setattr(compare_module, "load_splits", lambda config: _splits())
+
+
+def test_cli_train_writes_a_run_directory(runner, tmp_path, tiny_data):
+    config = tmp_path / "recipe.json"
+    config.write_text(json.dumps(dataclasses.replace(TINY, preset="w4a4", epochs=5).to_dict()))
+    out = tmp_path / "run"
+    args = ["train", "--config", str(config), "--epochs", "2", "--out", str(out), "--debug-keys"]
+    result = runner.invoke(main, args)
+    assert result.exit_code == 0, result.output
+    assert "debug-keys: 2 step(s)" in result.output and "none consumed twice" in result.output
+    assert "test accuracy" in result.output and str(out.resolve()) in result.output
+    run = load_run(out)
+    assert run.config.preset == "w4a4" and run.config.epochs == 2 and len(run.metrics) == 2
+    assert run.report["key_check"]["steps"] == 2
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--epochs", "1"], "exactly one of --preset NAME or --config FILE"),
+        (["--preset", "w3a3"], "preset must be one of"),
+    ],
+)
+def test_cli_train_usage_errors(runner, tmp_path, args, message):
+    result = runner.invoke(main, ["train", *args, "--out", str(tmp_path / "x")])
+    assert result.exit_code == 2 and message in result.output
+
+
+def test_cli_train_reports_a_non_finite_run(runner, tmp_path, tiny_data, monkeypatch):
+    real_init = loop_module.init_params
+    monkeypatch.setattr(loop_module, "init_params", lambda *a, **k: _nan_at(real_init(*a, **k), 0, "w"))
+    config = tmp_path / "recipe.json"
+    config.write_text(json.dumps(TINY.to_dict()))
+    result = runner.invoke(main, ["train", "--config", str(config), "--out", str(tmp_path / "run")])
+    assert result.exit_code == 1
+    assert "NonFiniteError: non-finite parameter at step 1" in result.output
+
+
+def test_cli_compare_end_to_end(runner, tmp_path, tiny_data):
+    out = tmp_path / "cmp"
+    args = ["compare", "--seeds", "1", "--epochs", "1", "--model", "mlp", "--configs", "float,w4a4"]
+    result = runner.invoke(main, [*args, "--timing-repeats", "3", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    report = json.loads((out / "report.json").read_text())
+    assert list(report["summary"]) == ["float", "w4a4"]
+    assert "w4a4 within 0.3 points of float" in result.output and "report:" in result.output
+    assert Path(out / "report.md").exists()
+
+
+def test_cli_compare_rejects_an_unknown_configuration(runner, tmp_path):
+    result = runner.invoke(main, ["compare", "--configs", "float,w3a3", "--out", str(tmp_path)])
+    assert result.exit_code == 2 and "unknown configuration 'w3a3'" in result.output
+
+
+def test_cli_demo_runs_the_comparison(runner, tmp_path, monkeypatch):
+    # `compare` itself runs end to end above; here only what demo asks of it.
+    calls = []
+
+    def fake_compare(names, **kwargs):
+        calls.append((names, kwargs))
+        return {"summary": {}, "targets": []}
+
+    monkeypatch.setattr("stejax.train.compare", fake_compare)
+    result = runner.invoke(main, ["demo", "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    ((names, kwargs),) = calls
+    assert names == PRESETS and kwargs["seeds"] == 5 and kwargs["out_dir"] == tmp_path
+    assert kwargs["base"] == TrainConfig()
+    assert f"report: {(tmp_path / 'report.md').resolve()}" in result.output.replace("\n", "")
