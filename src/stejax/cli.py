@@ -88,6 +88,71 @@ def _configs_option(function):
     )(function)
 
 
+@main.command("verify")
+@click.argument("target", required=False, metavar="[NAME | MODULE:FUNC]")
+@click.option("--all", "verify_all", is_flag=True, help="Verify every catalog member.")
+@click.option("--reference", metavar="MODULE:FUNC", help="The exact forward function (user estimators).")
+@click.option("--derivative", metavar="MODULE:FUNC", help="The declared surrogate derivative (user estimators).")
+@click.option("--boundary", "boundaries", type=float, multiple=True, help="A kink or tie of the first argument.")
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("."),
+    show_default=True,
+    help="Folder for verify-report.json and verify-report.md.",
+)
+def verify_command(
+    target: str | None,
+    verify_all: bool,
+    reference: str | None,
+    derivative: str | None,
+    boundaries: tuple[float, ...],
+    out: Path,
+) -> None:
+    """Check estimators against their declarations; exit 0 only if every check passes.
+
+    `stejax verify --all` checks the whole catalog; `stejax verify NAME` one
+    member; `stejax verify MODULE:FUNC --reference MODULE:FUNC --derivative
+    MODULE:FUNC [--boundary B ...]` a user's estimator.
+    """
+    import os
+
+    from stejax import verify
+
+    console = Console()
+    if verify_all == (target is not None):
+        raise click.UsageError("give exactly one of --all or a NAME / MODULE:FUNC.")
+    if verify_all:
+        report = verify.check_catalog()
+    elif ":" in target:
+        if reference is None or derivative is None:
+            raise click.UsageError("a user estimator needs --reference MODULE:FUNC and --derivative MODULE:FUNC.")
+        try:
+            fn, ref, der = (verify.load_callable(spec, path=os.getcwd()) for spec in (target, reference, derivative))
+        except (ValueError, ImportError, AttributeError, TypeError) as error:
+            raise click.BadParameter(str(error)) from None
+        report = verify.check_surrogate(fn, reference=ref, derivative=der, boundaries=boundaries)
+    else:
+        report = verify.check_estimator(_lookup(target))
+    reports = report.values() if isinstance(report, verify.CatalogReport) else (report,)
+    for one in reports:
+        table = Table(title=f"{one.subject}: {'ok' if one.ok else 'FAILED'}")
+        table.add_column("check")
+        table.add_column("passed")
+        table.add_column("detail", overflow="fold")
+        for check in one.checks:
+            if verify_all and check.passed:
+                continue
+            table.add_row(check.name, "yes" if check.passed else "[red]no[/red]", check.detail)
+        if not verify_all or not one.ok:
+            console.print(table)
+    json_path, md_path = verify.write_report(report, out)
+    console.print(report.summary())
+    console.print(f"wrote {json_path} and {md_path}")
+    if not report.ok:
+        raise SystemExit(1)
+
+
 @main.command("train")
 @click.option("--preset", "preset_name", default=None, metavar="NAME", help="A QAT preset (see `compare`).")
 @click.option(
