@@ -339,6 +339,24 @@ def test_normalizer_apply_matches_a_float32_reference():
     np.testing.assert_array_equal(norm.apply(x[None]), expected[None])
 
 
+def test_normalizer_global_statistics_are_one_mean_and_std_for_every_feature(digits):
+    train = split(digits, seed=0).train.x
+    norm = Normalizer.fit(train, per_feature=False)
+    wide = train.astype(np.float64)
+    assert norm.mean.shape == norm.std.shape == (64,)
+    np.testing.assert_array_equal(norm.mean, np.full(64, np.float32(wide.mean())))
+    np.testing.assert_array_equal(norm.std, np.full(64, np.float32(wide.std())))
+    # A blank-in-training edge pixel keeps the global scale: one stroke there is not blown up.
+    per_feature = Normalizer.fit(train)
+    edge = int(np.argmin(np.where(per_feature.std > 1e-6, per_feature.std, np.inf)))
+    x = np.zeros((1, 64), np.float32)
+    x[0, edge] = 16.0
+    assert np.abs(per_feature.apply(x)).max() > 100
+    assert np.abs(norm.apply(x)).max() < 5
+    with pytest.raises(TypeError, match="per_feature must be a bool, got str"):
+        Normalizer.fit(train, per_feature="no")
+
+
 def test_normalizer_min_std_sets_the_floor():
     x = np.array([[0.0, 0.0], [0.01, 1.0]], np.float32)
     assert Normalizer.fit(x).std[0] == np.float32(0.005)

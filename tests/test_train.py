@@ -449,6 +449,7 @@ def test_safetensors_leaves_are_named_by_their_path(tmp_path):
         ({"strides": (1,)}, ValueError, r"strides must have one entry per channel entry \(2\); got 1"),
         ({"val_fraction": 0.5, "test_fraction": 0.5}, ValueError, r"val_fraction \+ test_fraction must be below 1"),
         ({"optimizer": "lamb"}, ValueError, r"optimizer must be one of"),
+        ({"normalize": "pixel"}, ValueError, r"normalize must be one of \['global', 'feature'\]; got 'pixel'"),
     ],
 )
 def test_train_config_rejects_bad_values(change, error, message):
