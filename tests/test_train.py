@@ -549,6 +549,8 @@ def test_compare_writes_the_report(tmp_path):
     markdown = (tmp_path / "report.md").read_text()
     for text in ("## Targets", "float >= 98%", "w4a4 step <= 1.15 x float step", "first layer", "jax "):
         assert text in markdown
+    n_test = saved["setup"]["data"]["n_test"]
+    assert f"one test example is {100 / n_test:.2f} points of one seed's accuracy" in markdown
     for figure in saved["figures"].values():
         assert (tmp_path / figure).read_bytes().startswith(b"\x89PNG")
     assert load_run(tmp_path / "runs" / "w4a4" / "seed-1").config.seed == 1
