@@ -1,0 +1,27 @@
+"""Safe artifacts: exported models on disk, verified on every load, gated and kept in a local registry.
+
+An artifact is a directory: ``weights.safetensors`` (never pickle),
+``parity.safetensors`` and a signed ``manifest.json`` (format, model contract,
+quantisation, the sha256 of every file, environment, training metrics,
+verification results, parent id). :func:`save_artifact` writes one atomically;
+:func:`load_artifact` re-hashes every file, validates the safetensors headers
+itself and checks the contract, refusing with :class:`ArtifactError`.
+:func:`gate` runs the release checks; :class:`Registry` promotes through it,
+rolls back and deletes nothing. Regression sets: :mod:`stejax.regress`.
+"""
+
+from stejax.artifacts._gate import GateCheck as GateCheck
+from stejax.artifacts._gate import GateReport as GateReport
+from stejax.artifacts._gate import estimators_used as estimators_used
+from stejax.artifacts._gate import gate as gate
+from stejax.artifacts._registry import Promotion as Promotion
+from stejax.artifacts._registry import Registry as Registry
+from stejax.artifacts._registry import RegistryEntry as RegistryEntry
+from stejax.artifacts._registry import RegistryError as RegistryError
+from stejax.artifacts._store import FORMAT as FORMAT
+from stejax.artifacts._store import Artifact as Artifact
+from stejax.artifacts._store import ArtifactError as ArtifactError
+from stejax.artifacts._store import environment as environment
+from stejax.artifacts._store import load_artifact as load_artifact
+from stejax.artifacts._store import manifest_digest as manifest_digest
+from stejax.artifacts._store import save_artifact as save_artifact

@@ -1,0 +1,321 @@
+"""A local registry of verified artifacts: promote through the gate, roll back, never delete."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime
+import fcntl
+import hashlib
+import json
+import os
+import secrets
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+from stejax.artifacts._gate import GateReport, gate
+from stejax.artifacts._store import (
+    Artifact,
+    ArtifactError,
+    fsync_dir,
+    load_artifact,
+    publish,
+    read_json,
+    write_file,
+)
+
+__all__ = ["Promotion", "Registry", "RegistryEntry", "RegistryError"]
+
+STATE_FORMAT = "stejax-registry/1"
+STATE = "state.json"
+EVENTS = "events.jsonl"
+ARTIFACTS = "artifacts"
+LOCK = ".lock"
+
+
+class RegistryError(ValueError):
+    """A registry operation that cannot be done (a failed gate, nothing to roll back to, a bad state)."""
+
+    def __init__(self, message: str, report: GateReport | None = None):
+        super().__init__(message)
+        self.report = report
+
+
+@dataclasses.dataclass(frozen=True)
+class Promotion:
+    """What :meth:`Registry.promote` did.
+
+    Attributes:
+      artifact: the new current artifact (the registry's copy, verified).
+      gate: the gate's report.
+      previous_id: the artifact that was current before (None if none).
+    """
+
+    artifact: Artifact
+    gate: GateReport
+    previous_id: str | None
+
+
+@dataclasses.dataclass(frozen=True)
+class RegistryEntry:
+    """One stored artifact.
+
+    Attributes:
+      id: the artifact id.
+      path: its directory in the registry.
+      status: ``"current"``, ``"previous"`` (rollback goes back to it) or
+        ``"retired"`` (rolled back from, or replaced and not in the rollback line).
+      promoted: when it was last promoted (ISO 8601, UTC), or None.
+      preset: the QAT preset, from its manifest.
+      parent: its parent's id, from its manifest.
+    """
+
+    id: str
+    path: Path
+    status: str
+    promoted: str | None
+    preset: str | None
+    parent: str | None
+
+
+def _copy_durably(source: Path, target: Path) -> None:
+    """Copy the regular files and directories under ``source`` into the existing ``target``, each file fsynced."""
+    for path in sorted(source.iterdir()):
+        if path.is_symlink():
+            raise RegistryError(f"{path}: a link; artifacts hold regular files only.")
+        if path.is_dir():
+            (target / path.name).mkdir()
+            _copy_durably(path, target / path.name)
+            fsync_dir(target / path.name)
+        else:
+            write_file(target / path.name, path.read_bytes())
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+
+
+def tree_digest(root: Path) -> str:
+    """The sha256 of every regular file under ``root`` (relative paths and contents, sorted)."""
+    h = hashlib.sha256()
+    for path in sorted(p for p in root.rglob("*") if p.is_file() and not p.is_symlink()):
+        h.update(str(path.relative_to(root)).encode() + b"\0")
+        h.update(hashlib.sha256(path.read_bytes()).digest())
+    return h.hexdigest()
+
+
+class Registry:
+    """A directory of verified artifacts with one current, and the line to roll back along.
+
+    Layout: ``ROOT/artifacts/<id>/`` (copies of promoted artifacts, with their
+    regression sets), ``ROOT/state.json`` (``{"current": id, "previous": [ids]}``,
+    replaced atomically), ``ROOT/events.jsonl`` (every promote, refusal and
+    rollback, appended and fsynced). Nothing is ever deleted. Operations that
+    change the state hold an exclusive ``flock`` on ``ROOT/.lock``; readers need
+    none (the state file is replaced by a rename).
+
+    Example:
+      >>> from stejax.artifacts import Registry
+      >>> Registry("no-registry-here").current() is None  # reading creates nothing
+      True
+    """
+
+    def __init__(self, root: str | os.PathLike):
+        self.root = Path(root)
+
+    # ---------------------------------------------------------------- reading
+
+    def _state(self) -> dict[str, Any]:
+        path = self.root / STATE
+        if not path.exists():
+            return {"format": STATE_FORMAT, "current": None, "previous": []}
+        state = read_json(path)
+        if (
+            state.get("format") != STATE_FORMAT
+            or not (state.get("current") is None or isinstance(state.get("current"), str))
+            or not isinstance(state.get("previous"), list)
+        ):
+            raise RegistryError(
+                f"{path}: expected {{format: {STATE_FORMAT!r}, current, previous: [...]}}; got {state}."
+            )
+        return state
+
+    def current_id(self) -> str | None:
+        """The current artifact's id, without loading it."""
+        return self._state()["current"]
+
+    def path_of(self, artifact_id: str) -> Path:
+        return self.root / ARTIFACTS / artifact_id
+
+    def current(self) -> Artifact | None:
+        """The current artifact, loaded and verified (None when nothing was promoted).
+
+        Raises:
+          ArtifactError: the current artifact no longer verifies.
+        """
+        current = self.current_id()
+        return None if current is None else load_artifact(self.path_of(current))
+
+    def events(self) -> tuple[dict[str, Any], ...]:
+        """Every recorded event, oldest first."""
+        path = self.root / EVENTS
+        if not path.exists():
+            return ()
+        return tuple(json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip())
+
+    def list(self) -> tuple[RegistryEntry, ...]:
+        """Every stored artifact, in the order first promoted."""
+        state = self._state()
+        promoted: dict[str, str] = {}
+        for event in self.events():
+            if event.get("event") == "promote":
+                promoted[event["id"]] = event["time"]
+        store = self.root / ARTIFACTS
+        ids = [p.name for p in store.iterdir() if p.is_dir() and not p.name.startswith(".")] if store.exists() else []
+        ids.sort(key=lambda i: (promoted.get(i) is None, list(promoted).index(i) if i in promoted else 0, i))
+        out = []
+        for artifact_id in ids:
+            status = (
+                "current"
+                if artifact_id == state["current"]
+                else "previous"
+                if artifact_id in state["previous"]
+                else "retired"
+            )
+            manifest: dict[str, Any] = {}
+            with contextlib.suppress(ArtifactError):
+                manifest = read_json(self.path_of(artifact_id) / "manifest.json")
+            out.append(
+                RegistryEntry(
+                    id=artifact_id,
+                    path=self.path_of(artifact_id),
+                    status=status,
+                    promoted=promoted.get(artifact_id),
+                    preset=(manifest.get("quantization") or {}).get("preset"),
+                    parent=manifest.get("parent"),
+                )
+            )
+        return tuple(out)
+
+    # ---------------------------------------------------------------- writing
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        self.root.mkdir(parents=True, exist_ok=True)
+        with open(self.root / LOCK, "a+b") as lock:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
+
+    def _write_state(self, current: str | None, previous: list[str]) -> None:
+        tmp = self.root / f".{STATE}.partial-{os.getpid()}"
+        tmp.unlink(missing_ok=True)
+        write_file(
+            tmp, (json.dumps({"format": STATE_FORMAT, "current": current, "previous": previous}) + "\n").encode()
+        )
+        os.replace(tmp, self.root / STATE)
+        fsync_dir(self.root)
+
+    def _log(self, event: dict[str, Any]) -> None:
+        with open(self.root / EVENTS, "ab") as f:
+            f.write((json.dumps({"time": _now(), **event}) + "\n").encode())
+            f.flush()
+            os.fsync(f.fileno())
+
+    def _store_copy(self, source: Path, artifact_id: str, digest: str) -> Path:
+        target = self.path_of(artifact_id)
+        if target.exists():
+            if tree_digest(target) != digest:
+                raise RegistryError(
+                    f"{target}: the stored artifact {artifact_id[:12]} differs from {source} (its regression set, "
+                    "probably); nothing is overwritten."
+                )
+            return target
+        store = self.root / ARTIFACTS
+        store.mkdir(parents=True, exist_ok=True)
+        tmp = store / f".{artifact_id}.copy-partial-{secrets.token_hex(6)}"
+        tmp.mkdir()
+        _copy_durably(source, tmp)
+        publish(tmp, target)
+        return target
+
+    def promote(self, path: str | os.PathLike, *, estimator_dtypes: Iterable[Any] | None = None) -> Promotion:
+        """Make the artifact at ``path`` current, if it passes the gate.
+
+        The gate (:func:`gate`) runs on ``path``; on success the directory is
+        copied into ``ROOT/artifacts/<id>`` (a hidden copy, fsynced, then renamed)
+        and the copy must hold exactly the bytes that were gated (the same tree
+        digest before the gate, after it, and in the copy). Then the state file
+        is replaced: the new artifact is current and the old current heads the
+        rollback line.
+
+        Returns:
+          A :class:`Promotion`.
+
+        Raises:
+          RegistryError: the gate failed (``error.report`` names the failed
+            checks), the artifact changed while being gated, or it is current already.
+        """
+        source = Path(path)
+        with self._locked():
+            before = tree_digest(source) if source.is_dir() else ""
+            report = gate(source, estimator_dtypes=estimator_dtypes)
+            if not report.passed:
+                self._log(
+                    {
+                        "event": "refused",
+                        "id": report.artifact_id,
+                        "source": str(source),
+                        "failed": [c.name for c in report.failures],
+                    }
+                )
+                raise RegistryError(f"promote refused: {source}: {report.summary()}", report)
+            assert report.artifact_id is not None
+            state = self._state()
+            if state["current"] == report.artifact_id:
+                raise RegistryError(f"promote: {report.artifact_id[:12]} is current already.", report)
+            if tree_digest(source) != before:
+                raise RegistryError(f"promote refused: {source} changed while the gate ran.", report)
+            target = self._store_copy(source, report.artifact_id, before)
+            if tree_digest(target) != before:
+                raise RegistryError(f"promote refused: the copy {target} differs from the gated {source}.", report)
+            artifact = load_artifact(target)
+            previous = state["previous"] + ([state["current"]] if state["current"] else [])
+            self._write_state(artifact.id, previous)
+            self._log(
+                {
+                    "event": "promote",
+                    "id": artifact.id,
+                    "source": str(source),
+                    "previous": state["current"],
+                    "gate": report.to_dict(),
+                }
+            )
+        return Promotion(artifact=artifact, gate=report, previous_id=state["current"])
+
+    def rollback(self) -> Artifact:
+        """Make the previous verified artifact current again; the one rolled back from is kept (retired).
+
+        The previous artifact is loaded and verified before the switch.
+
+        Returns:
+          The artifact now current.
+
+        Raises:
+          RegistryError: nothing to roll back to.
+          ArtifactError: the previous artifact no longer verifies (nothing changes).
+        """
+        with self._locked():
+            state = self._state()
+            if not state["previous"]:
+                raise RegistryError(
+                    f"rollback: {self.root} has no previous artifact to go back to (current: {state['current']})."
+                )
+            target = state["previous"][-1]
+            artifact = load_artifact(self.path_of(target))
+            self._write_state(target, state["previous"][:-1])
+            self._log({"event": "rollback", "id": target, "from": state["current"]})
+        return artifact
