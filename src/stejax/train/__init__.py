@@ -3,7 +3,8 @@
 Pure functions for one step (:func:`forward`, :func:`loss`, :func:`update`), a
 training loop with one explicit key stream, early stopping and a non-finite guard
 (:func:`train`), run directories written with safetensors and JSON
-(:func:`save_run`, :func:`load_run`), and the comparison of every QAT preset over
+(:func:`save_run`, :func:`load_run`), data-parallel training over a device
+mesh, on one host or many (:func:`data_mesh`, ``train(..., mesh=...)``), and the comparison of every QAT preset over
 seeds with its report (:func:`compare`). Needs the optional extra
 ``stejax[train]`` (optax, scikit-learn, safetensors; matplotlib for the plots).
 """
@@ -18,6 +19,14 @@ from stejax.train._loop import KeyCheck as KeyCheck
 from stejax.train._loop import TrainResult as TrainResult
 from stejax.train._loop import load_splits as load_splits
 from stejax.train._loop import train as train
+from stejax.train._parallel import DATA_AXIS as DATA_AXIS
+from stejax.train._parallel import PARAM_SHARDINGS as PARAM_SHARDINGS
+from stejax.train._parallel import compiled_parallel_update as compiled_parallel_update
+from stejax.train._parallel import data_mesh as data_mesh
+from stejax.train._parallel import gather as gather
+from stejax.train._parallel import param_shardings as param_shardings
+from stejax.train._parallel import place as place
+from stejax.train._parallel import shard_batch as shard_batch
 from stejax.train._rundir import Run as Run
 from stejax.train._rundir import load_params as load_params
 from stejax.train._rundir import load_run as load_run

@@ -13,11 +13,21 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from stejax import keys
 from stejax.data import Normalizer, Splits, batches, load_digits, split
 from stejax.model import ModelConfig, QATConfig, init_params
 from stejax.train._config import TrainConfig, make_optimizer
+from stejax.train._parallel import (
+    DATA_AXIS,
+    PARAM_SHARDINGS,
+    compiled_parallel_update,
+    gather,
+    param_shardings,
+    place,
+    shard_batch,
+)
 from stejax.train._step import (
     Batch,
     compiled_evaluate,
@@ -74,6 +84,8 @@ class TrainResult:
       stopped_early: whether patience ended the run before ``config.epochs``.
       seconds: the wall time of the whole run.
       key_check: the key ledger's findings with ``debug_keys``, else None.
+      devices: the number of devices the batch was split over (1 without a mesh).
+      param_sharding: ``"replicated"`` or ``"sharded"`` with a mesh, else None.
     """
 
     config: TrainConfig
@@ -90,6 +102,8 @@ class TrainResult:
     stopped_early: bool
     seconds: float
     key_check: KeyCheck | None = None
+    devices: int = 1
+    param_sharding: str | None = None
 
     def report(self) -> dict[str, Any]:
         """The run's ``report.json`` content."""
@@ -105,6 +119,9 @@ class TrainResult:
             "stopped_early": self.stopped_early,
             "seconds": self.seconds,
             "key_check": None if self.key_check is None else self.key_check.to_dict(),
+            "devices": self.devices,
+            "processes": jax.process_count(),
+            "param_sharding": self.param_sharding,
         }
 
 
@@ -125,6 +142,8 @@ def train(
     out_dir: str | Path | None = None,
     debug_keys: int = 0,
     on_epoch: Callable[[Mapping[str, Any]], None] | None = None,
+    mesh: Mesh | None = None,
+    param_sharding: str = "replicated",
 ) -> TrainResult:
     r"""Train one model by ``config``; keep the parameters with the best validation accuracy.
 
@@ -157,6 +176,19 @@ def train(
     checked; a NaN or infinity raises :class:`NonFiniteError` naming the step and
     the first non-finite leaf (nothing is ever replaced by a number).
 
+    Data parallel: with a ``mesh`` (:func:`data_mesh`), every batch is split over
+    its ``"data"`` axis (:func:`shard_batch`), the parameters and the optimiser
+    state are replicated (or split, ``param_sharding="sharded"``), and the step
+    is :func:`compiled_parallel_update`: the same pure :func:`update`, so the same
+    key stream, batches and arithmetic, with the gradient's sum over the batch
+    done as per-device partial sums and an all-reduce. The results equal the
+    one-device run up to that reduction order. Evaluation runs on the replicated
+    validation and test sets. Across processes (after
+    ``jax.distributed.initialize``), every process runs this same function on
+    the same data and the mesh spans every process's devices; only process 0
+    writes ``out_dir``. The returned parameters are gathered to ordinary
+    single-device arrays in every process.
+
     Args:
       config: the recipe.
       splits: the data (default: the digits split by ``config``).
@@ -165,6 +197,11 @@ def train(
       debug_keys: the number of leading steps to check with the key ledger
         (default 0: off).
       on_epoch: called with each epoch's record (for a progress display).
+      mesh: a ``jax.sharding.Mesh`` with a ``"data"`` axis for data-parallel
+        training (default None: one device). ``batch_size`` must be a multiple
+        of the axis size.
+      param_sharding: with a mesh, ``"replicated"`` (default) or ``"sharded"``
+        (see :func:`param_shardings`).
 
     Returns:
       A :class:`TrainResult`.
@@ -173,12 +210,17 @@ def train(
       NonFiniteError: a non-finite loss, gradient or parameter.
       stejax.keys.KeyReuseError: in debug mode, a key consumed twice.
       ValueError: a training split smaller than one batch, an empty validation or
-        test split, or a config that does not fit the data.
+        test split, or a config that does not fit the data; with a mesh, a batch
+        size that does not split over its ``"data"`` axis, an unknown
+        ``param_sharding``, or ``debug_keys`` (the ledger checks eager
+        one-device steps; the key stream does not depend on the mesh, so check
+        it without one).
     """
     if not isinstance(config, TrainConfig):
         raise TypeError(f"train: config must be a TrainConfig; got {type(config).__name__}.")
     if isinstance(debug_keys, bool) or not isinstance(debug_keys, int) or debug_keys < 0:
         raise ValueError(f"train: debug_keys must be an int >= 0 (steps to check); got {debug_keys!r}.")
+    devices = _check_mesh(mesh, param_sharding, config.batch_size, debug_keys)
     started = time.perf_counter()
     splits = load_splits(config) if splits is None else splits
     for part in ("val", "test"):
@@ -190,18 +232,25 @@ def train(
         raise ValueError(
             f"train: batch_size {config.batch_size} is larger than the training split ({n_train} examples)."
         )
-    normalizer = Normalizer.fit(splits.train.x)
+    normalizer = Normalizer.fit(splits.train.x, per_feature=config.normalize == "feature")
     x_train, y_train = normalizer.apply(splits.train.x), np.asarray(splits.train.y)
     x_val, y_val = jnp.asarray(normalizer.apply(splits.val.x)), jnp.asarray(splits.val.y)
     model_config = config.model_config(splits.train)
     qat_config = config.qat_config()
     optimizer = make_optimizer(config, steps_per_epoch)
-    step_fn = compiled_update(model_config, qat_config, optimizer)
+    if mesh is None:
+        step_fn = compiled_update(model_config, qat_config, optimizer)
+    else:
+        step_fn = compiled_parallel_update(model_config, qat_config, optimizer, mesh, param_sharding)
+        replicated = NamedSharding(mesh, PartitionSpec())
+        x_val, y_val = place((x_val, y_val), replicated)
     evaluate_fn = compiled_evaluate(model_config, qat_config)
     with_key = needs_key(model_config, train=True)
 
+    # Across processes every process trains; one writes.
+    writer = jax.process_index() == 0
     metrics_path = None
-    if out_dir is not None:
+    if out_dir is not None and writer:
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
         metrics_path = out_dir / "metrics.jsonl"
@@ -220,6 +269,9 @@ def train(
         calibration = x_train[: min(CALIBRATION_ROWS, n_train)]
         params = init_params(k_init, model_config, qat_config, calibration_batch=calibration)
         opt_state = optimizer.init(params)
+        if mesh is not None:
+            params = place(params, param_shardings(params, mesh, param_sharding))
+            opt_state = place(opt_state, param_shardings(opt_state, mesh, param_sharding))
 
         history: list[dict[str, Any]] = []
         best = {"params": params, "epoch": 0, "val_accuracy": -1.0, "val_loss": float("inf")}
@@ -239,9 +291,17 @@ def train(
                 k_step = None
                 if with_key:
                     k_run, k_step = keys.split(k_run, where=f"train: run -> run, step {global_step}")
-                batch = Batch(jnp.asarray(xb), jnp.asarray(yb))
                 step_params = params
-                if ledger is not None:
+                if mesh is not None:
+                    batch = Batch(xb, yb)  # host copies, for the guard's recomputation
+                    sharded_batch = shard_batch(batch, mesh)
+                    step_key = None if k_step is None else place(k_step, replicated)
+                    params, opt_state, metrics = step_fn(params, opt_state, sharded_batch, step_key)
+                    if not bool(metrics.finite):
+                        # The guard recomputes the failing step on one device, from host copies.
+                        step_params = jax.tree.map(jnp.asarray, gather(step_params))
+                elif ledger is not None:
+                    batch = Batch(jnp.asarray(xb), jnp.asarray(yb))
                     params, opt_state, metrics = update(
                         params,
                         opt_state,
@@ -252,6 +312,7 @@ def train(
                         optimizer=optimizer,
                     )
                 else:
+                    batch = Batch(jnp.asarray(xb), jnp.asarray(yb))
                     params, opt_state, metrics = step_fn(params, opt_state, batch, k_step)
                 raise_if_nonfinite(
                     metrics,
@@ -298,7 +359,11 @@ def train(
                     break
 
     x_test, y_test = jnp.asarray(normalizer.apply(splits.test.x)), jnp.asarray(splits.test.y)
+    if mesh is not None:
+        x_test, y_test = place((x_test, y_test), replicated)
     test_loss, test_correct = evaluate_fn(best["params"], x_test, y_test)
+    if mesh is not None:
+        best["params"] = jax.tree.map(jnp.asarray, gather(best["params"]))
     result = TrainResult(
         config=config,
         model_config=model_config,
@@ -314,12 +379,38 @@ def train(
         stopped_early=stopped_early,
         seconds=time.perf_counter() - started,
         key_check=key_check,
+        devices=devices,
+        param_sharding=None if mesh is None else param_sharding,
     )
-    if out_dir is not None:
+    if out_dir is not None and writer:
         from stejax.train._rundir import save_run
 
         save_run(result, out_dir, splits=splits)
     return result
+
+
+def _check_mesh(mesh: Any, param_sharding: Any, batch_size: int, debug_keys: int) -> int:
+    """The number of devices the batch is split over; raises on a mesh that cannot be used."""
+    if mesh is None:
+        return 1
+    if not isinstance(mesh, Mesh):
+        raise TypeError(f"train: mesh must be a jax.sharding.Mesh (see stejax.train.data_mesh); got {mesh!r}.")
+    if DATA_AXIS not in mesh.axis_names:
+        raise ValueError(f"train: the mesh needs an axis named {DATA_AXIS!r}; got axes {mesh.axis_names}.")
+    if param_sharding not in PARAM_SHARDINGS:
+        raise ValueError(f"train: param_sharding must be one of {list(PARAM_SHARDINGS)}; got {param_sharding!r}.")
+    n = int(mesh.shape[DATA_AXIS])
+    if batch_size % n:
+        raise ValueError(
+            f"train: batch_size {batch_size} does not split evenly over the {n} devices of the mesh; "
+            f"use a multiple of {n}."
+        )
+    if debug_keys:
+        raise ValueError(
+            "train: debug_keys runs the first steps eagerly on one device and cannot be combined with a mesh; "
+            "the key stream does not depend on the mesh, so check it in a one-device run."
+        )
+    return n
 
 
 def _mean_stats(per_step: tuple[dict[str, dict[str, Any]], ...]) -> dict[str, float]:

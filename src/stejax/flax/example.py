@@ -1,0 +1,296 @@
+"""An example: a small quantisation-aware CNN on the 8x8 digits, in Flax NNX, trained with ``nnx.Optimizer``.
+
+:class:`DigitsCNN` is the functional reference CNN (:class:`stejax.model.ConvConfig`
+with a :class:`stejax.model.QATConfig`) written as NNX layers, so that
+:meth:`DigitsCNN.functional_params` hands its trained parameters to
+:func:`stejax.model.apply` and everything downstream of the functional model.
+Run it from the command line::
+
+    python -m stejax.flax.example --preset w4a4 --epochs 30 --out runs/nnx-w4a4
+    stejax export runs/nnx-w4a4 --out artifacts/nnx-w4a4   # the functional model's export path
+
+which trains it (the ``stejax train`` CNN, 32 and 64 channels, no dropout, cosine
+schedule), prints the validation and test accuracy, checks that the functional
+model gives the same test logits, and writes a run directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from stejax import keys
+from stejax.data import Normalizer, Splits, batches
+from stejax.estimators.uniform import lsq_levels
+from stejax.flax._convert import functional_params, quant_of
+from stejax.flax._layers import QuantConv, QuantLinear
+from stejax.model import ConvConfig, QATConfig, preset
+from stejax.train import TrainConfig, load_splits, make_optimizer
+
+__all__ = ["DigitsCNN", "FitResult", "evaluate", "fit", "main", "save_run", "train_step"]
+
+_HIGHEST = jax.lax.Precision.HIGHEST
+
+
+class DigitsCNN(nnx.Module):
+    r"""The functional reference CNN as NNX layers: quantised 3x3 convolutions, ReLU, one dense layer.
+
+    Layer :math:`i` of :math:`n` is a :class:`QuantConv` (``"SAME"``, the
+    config's stride) or, last, a :class:`QuantLinear`, quantised as
+    ``qat_config.layer(i, n)`` says (:func:`stejax.flax.quant_of`); between
+    layers a ReLU (none before a sign input, which replaces it), and dropout on
+    every layer's input after the first in training (before its quantiser; the
+    functional model drops after it, so only evaluation is identical). Products
+    at ``Precision.HIGHEST``, as in :func:`stejax.model.apply`.
+
+    Args:
+      qat_config: the quantisation (default: ``preset("w4a4")``).
+      model_config: the architecture (default: ``ConvConfig()``, 8x8x1 digits).
+      rngs: ``nnx.Rngs`` with streams ``params`` (He-normal kernels) and, with
+        dropout, ``dropout``.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> from flax import nnx
+      >>> from stejax.flax.example import DigitsCNN
+      >>> model = DigitsCNN(rngs=nnx.Rngs(0))
+      >>> model(jnp.zeros((2, 64))).shape
+      (2, 10)
+    """
+
+    def __init__(self, qat_config: QATConfig | None = None, model_config: ConvConfig | None = None, *, rngs: nnx.Rngs):
+        qat_config = preset("w4a4") if qat_config is None else qat_config
+        model_config = ConvConfig() if model_config is None else model_config
+        if not isinstance(model_config, ConvConfig):
+            raise TypeError(f"DigitsCNN: model_config must be a ConvConfig; got {type(model_config).__name__}.")
+        self.model_config, self.qat_config = model_config, qat_config
+        n = model_config.n_layers
+        init = nnx.initializers.variance_scaling(2.0, "fan_in", "normal")
+        layers: list[QuantLinear | QuantConv] = []
+        h, w, c = model_config.image_shape
+        for i in range(n):
+            lq = qat_config.layer(i, n)
+            quant = {
+                "weights": quant_of(lq.weights, "weights"),
+                "activations": quant_of(lq.activations, "activations", signed=(i == 0)),
+            }
+            common = dict(precision=_HIGHEST, kernel_init=init, rngs=rngs, **quant)
+            if i < n - 1:
+                out, stride = model_config.channels[i], model_config.strides[i]
+                k = model_config.kernel_size
+                layers.append(QuantConv(c, out, (k, k), strides=stride, padding="SAME", **common))
+                h, w, c = -(-h // stride), -(-w // stride), out
+            else:
+                layers.append(QuantLinear(h * w * c, model_config.n_classes, **common))
+        self.layers = nnx.List(layers)
+        self.dropout = nnx.Dropout(model_config.dropout, rngs=rngs if model_config.dropout > 0 else None)
+
+    def layer_input(self, x: jax.Array, index: int) -> jax.Array:
+        """Layer ``index``'s input before its quantiser, for a batch ``x`` of flat images ``(N, H*W*C)``."""
+        return self._run(x, stop_at=index)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        """The logits ``(N, n_classes)`` of flat images ``x`` ``(N, H*W*C)``."""
+        return self._run(x, stop_at=None)
+
+    def _run(self, x: jax.Array, *, stop_at: int | None) -> jax.Array:
+        n = len(self.layers)
+        z = jnp.reshape(x, (x.shape[0], *self.model_config.image_shape))
+        for i, layer in enumerate(self.layers):
+            lq = self.qat_config.layer(i, n)
+            sign_input = lq.activations is not None and lq.activations.method == "sign"
+            u = z if (i == 0 or sign_input) else jax.nn.relu(z)
+            if isinstance(layer, QuantLinear):
+                u = jnp.reshape(u, (u.shape[0], -1))
+            if stop_at == i:
+                return u
+            z = layer(self.dropout(u) if i > 0 else u)
+        return z
+
+    def calibrate(self, x: jax.Array) -> None:
+        r"""Set each LSQ input step from data: :math:`2\langle|u|\rangle/\sqrt{Q_P}`, layer by layer.
+
+        Esser et al.'s initialisation, as :func:`stejax.model.init_params` does with
+        a calibration batch: layer :math:`i`'s inputs :math:`u` go through layers
+        :math:`0..i-1` with the steps already set. A mean of 0 keeps the step.
+        """
+        for i, layer in enumerate(self.layers):
+            q = layer.activations
+            if q is None or q.name != "lsq":
+                continue
+            mean_abs = float(jnp.mean(jnp.abs(self.layer_input(x, i))))
+            if math.isfinite(mean_abs) and mean_abs > 0:
+                _, qp = lsq_levels(q.params["bits"], q.params["signed"])
+                layer.input_step[...] = jnp.asarray(2.0 * mean_abs / math.sqrt(qp), jnp.float32)
+
+    def functional_params(self) -> dict[str, tuple[dict[str, jax.Array], ...]]:
+        """The parameters as :func:`stejax.model.apply` takes them (:func:`stejax.flax.functional_params`)."""
+        return functional_params(list(self.layers), self.model_config, self.qat_config)
+
+
+def _loss(model: DigitsCNN, x: jax.Array, y: jax.Array) -> jax.Array:
+    return jnp.mean(optax.softmax_cross_entropy_with_integer_labels(model(x), y))
+
+
+@nnx.jit
+def train_step(model: DigitsCNN, optimizer: nnx.Optimizer, x: jax.Array, y: jax.Array) -> jax.Array:
+    """One Adam (or any optax) step on a batch, in place; returns the batch's mean cross-entropy before it."""
+    value, grads = nnx.value_and_grad(_loss)(model, x, y)
+    optimizer.update(model, grads)
+    return value
+
+
+@nnx.jit
+def evaluate(model: DigitsCNN, x: jax.Array, y: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """The mean cross-entropy and the number of correct predictions on ``(x, y)``."""
+    logits = model(x)
+    value = jnp.mean(optax.softmax_cross_entropy_with_integer_labels(logits, y))
+    return value, jnp.sum((jnp.argmax(logits, axis=-1) == y).astype(jnp.int32))
+
+
+class FitResult(NamedTuple):
+    """What :func:`fit` returns (the model itself is trained in place)."""
+
+    normalizer: Normalizer  # the training split's standardisation
+    history: tuple[dict[str, float], ...]  # per epoch: epoch, train_loss, val_loss, val_accuracy
+    test_loss: float  # the final model's test cross-entropy
+    test_accuracy: float  # the final model's test accuracy, a fraction
+    n_test: int  # test examples
+    seconds: float  # wall time of the fit
+
+
+def fit(model: DigitsCNN, config: TrainConfig, key: jax.Array, *, splits: Splits | None = None) -> FitResult:
+    """Train ``model`` in place with ``nnx.Optimizer`` by ``config``'s batch size, epochs and optimiser.
+
+    The same recipe objects as :func:`stejax.train.train`: the digits split by
+    ``config``, standardised on the training split, the LSQ input steps
+    calibrated on its first 256 rows, ``make_optimizer(config, steps_per_epoch)``,
+    one shuffle per epoch from ``key`` (``stejax.keys.split``); dropout draws from
+    the model's own ``dropout`` stream. No early stopping: the final model is
+    scored on the test split once.
+    """
+    keys.check_key(key, what="fit: key")
+    started = time.perf_counter()
+    splits = load_splits(config) if splits is None else splits
+    normalizer = Normalizer.fit(splits.train.x)
+    x_train, y_train = normalizer.apply(splits.train.x), np.asarray(splits.train.y)
+    x_val, y_val = jnp.asarray(normalizer.apply(splits.val.x)), jnp.asarray(splits.val.y)
+    steps_per_epoch = len(x_train) // config.batch_size
+    model.calibrate(jnp.asarray(x_train[:256]))
+    optimizer = nnx.Optimizer(model, make_optimizer(config, steps_per_epoch), wrt=nnx.Param)
+    history = []
+    for epoch in range(1, config.epochs + 1):
+        key, k_shuffle = keys.split(key, where=f"fit: epoch {epoch}")
+        order = np.asarray(jax.random.permutation(keys.consume(k_shuffle, where=f"fit: shuffle {epoch}"), len(x_train)))
+        model.train()
+        losses = [
+            train_step(model, optimizer, jnp.asarray(xb), jnp.asarray(yb))
+            for xb, yb in batches(x_train, y_train, batch_size=config.batch_size, order=order, drop_last=True)
+        ]
+        model.eval()
+        val_loss, correct = evaluate(model, x_val, y_val)
+        history.append(
+            {
+                "epoch": epoch,
+                "train_loss": float(np.mean(jax.device_get(losses))),
+                "val_loss": float(val_loss),
+                "val_accuracy": int(correct) / len(y_val),
+            }
+        )
+    model.eval()
+    x_test, y_test = jnp.asarray(normalizer.apply(splits.test.x)), jnp.asarray(splits.test.y)
+    test_loss, correct = evaluate(model, x_test, y_test)
+    return FitResult(
+        normalizer=normalizer,
+        history=tuple(history),
+        test_loss=float(test_loss),
+        test_accuracy=int(correct) / len(y_test),
+        n_test=len(y_test),
+        seconds=time.perf_counter() - started,
+    )
+
+
+def save_run(
+    model: DigitsCNN, config: TrainConfig, result: FitResult, out_dir: str | os.PathLike, *, splits: Splits
+) -> Path:
+    """Write the trained model as a :func:`stejax.train.save_run` run directory, the functional model's format.
+
+    The parameters are :meth:`DigitsCNN.functional_params`, so ``stejax export``
+    (:func:`stejax.export.export_run`) and the artifact store take the NNX model
+    exactly as they take a functional run. The final epoch counts as the best.
+
+    Raises:
+      ValueError: ``config`` names another QAT preset or architecture than the model's.
+    """
+    from stejax.train import TrainResult
+    from stejax.train import save_run as save_train_run
+
+    if config.qat_config() != model.qat_config or config.model_config(splits.train) != model.model_config:
+        raise ValueError(
+            f"save_run: config describes {config.qat_config().name} on {config.model_config(splits.train)}; "
+            f"the model is {model.qat_config.name} on {model.model_config}."
+        )
+    last = result.history[-1]
+    run = TrainResult(
+        config=config,
+        model_config=model.model_config,
+        qat_config=model.qat_config,
+        params=model.functional_params(),
+        normalizer=result.normalizer,
+        history=result.history,
+        best_epoch=int(last["epoch"]),
+        best_val_accuracy=float(last["val_accuracy"]),
+        test_loss=result.test_loss,
+        test_accuracy=result.test_accuracy,
+        n_test=result.n_test,
+        stopped_early=False,
+        seconds=result.seconds,
+    )
+    return save_train_run(run, out_dir, splits=splits)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Train the example from the command line; print and return its results."""
+    from stejax.model import apply
+
+    parser = argparse.ArgumentParser(prog="python -m stejax.flax.example", description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", default="w4a4", help="a QAT preset (stejax.model.PRESETS)")
+    parser.add_argument("--epochs", type=int, default=30)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default=None, help="also write a run directory here (for `stejax export`)")
+    args = parser.parse_args(argv)
+    config = TrainConfig(preset=args.preset, epochs=args.epochs, seed=args.seed, dropout=0.0, schedule="cosine")
+    splits = load_splits(config)
+    k_params, k_fit = keys.split(jax.random.key(args.seed), where="example: seed -> params, fit")
+    model = DigitsCNN(config.qat_config(), config.model_config(splits.train), rngs=nnx.Rngs(params=k_params))
+    result = fit(model, config, k_fit, splits=splits)
+    if args.out is not None:
+        save_run(model, config, result, args.out, splits=splits)
+    x_test = jnp.asarray(result.normalizer.apply(splits.test.x))
+    params = model.functional_params()
+    logits = jax.vmap(lambda x: apply(params, x, model_config=model.model_config, qat_config=model.qat_config))(x_test)
+    same = bool(jnp.array_equal(logits, model(x_test)))
+    summary = {
+        "preset": args.preset,
+        "epochs": args.epochs,
+        "val_accuracy": result.history[-1]["val_accuracy"],
+        "test_accuracy": result.test_accuracy,
+        "functional_logits_identical": same,
+        "seconds": round(result.seconds, 1),
+    }
+    print(summary)
+    return summary
+
+
+if __name__ == "__main__":
+    main()
