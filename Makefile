@@ -26,7 +26,7 @@ lint: setup
 	$(BIN)/ruff format --check src tests benchmarks
 
 bench: setup
-	$(BIN)/python benchmarks/estimators.py
+	$(BIN)/stejax bench --suite all --out bench-out
 
 clean:
 	rm -rf $(VENV) demo-out .pytest_cache

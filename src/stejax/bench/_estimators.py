@@ -1,0 +1,221 @@
+"""The estimators suite: each catalog estimator against its hand-written stop_gradient form and the fused limit.
+
+For every catalog estimator, jitted, on a float32 input of about ``size`` values
+(rows of the entry's ``example_shape``, or of code dimension 4 for a rank-1 entry
+without one) and a fixed random float32 cotangent ``w``:
+
+* ``ours``: ``jax.value_and_grad(lambda x: jnp.sum(fn(x, *args, **params) * w))``;
+* ``stop_gradient``: the same loss written with ``jax.lax.stop_gradient``, in the
+  simplest form that gives the same gradient: ``x + sg(f(x) - x)`` when the
+  declared derivative is 1 everywhere, ``clip(x, -c, c) + sg(f(x) - clip(x, -c, c))``
+  when it is ``1[|x| <= c]``, and otherwise ``sg(f(x)) + (x - sg(x)) * sg(d(x))``
+  from the entry's forward and derivative. The form is detected from the declared
+  derivative on the benchmark input, on 4x that input and on it scaled past the
+  entry's outermost kink. An entry with a tangent map ``T`` (a non-diagonal
+  Jacobian) uses ``sg(f(x)) + T(x - sg(x))``, ``T`` evaluated at ``sg(x)``;
+* ``fused``: no autodiff, one jitted function returning
+  ``(sum(forward(x) * w), derivative(x) * w)``, the least work that gives the same
+  value and gradient. Entries with a tangent map have no such form.
+
+The project's targets: ours <= 0.90 x stop_gradient and ours <= 1.10 x fused
+(medians of the per-round ratios).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from stejax.bench._measure import CompileCounter, compare
+from stejax.estimators.catalog import CATALOG
+
+__all__ = ["TARGET_VS_FUSED", "TARGET_VS_STOP_GRADIENT", "VARIANTS", "estimators_suite"]
+
+TARGET_VS_STOP_GRADIENT = 0.90
+TARGET_VS_FUSED = 1.10
+VARIANTS = ("ours", "stop_gradient", "fused")
+
+
+def estimators_suite(*, repeats: int, warmup: int, size: int, names: Sequence[str] | None = None) -> dict[str, Any]:
+    """Time every catalog estimator (or ``names``) against its stop_gradient form and the fused limit.
+
+    Returns:
+      ``{"config", "targets", "groups", "skipped"}``: one group per estimator with
+      the variants ``ours``, ``stop_gradient`` and (where one exists) ``fused``, the
+      ratios ``ours/stop_gradient`` and ``ours/fused``, and in ``info`` the
+      stop_gradient form, the input shape, the largest gradient differences and
+      whether the targets are met.
+
+    Raises:
+      ValueError: an unknown estimator name.
+    """
+    names = list(CATALOG) if names is None else list(names)
+    unknown = [n for n in names if n not in CATALOG]
+    if unknown:
+        raise ValueError(f"estimators: no estimator named {unknown[0]!r}; known: {', '.join(CATALOG)}.")
+    groups, skipped = [], []
+    for name in names:
+        entry = CATALOG[name]
+        reason = skip_reason(entry)
+        if reason:
+            skipped.append({"name": name, "reason": reason})
+            continue
+        groups.append(benchmark_estimator(entry, size=size, repeats=repeats, warmup=warmup))
+    return {
+        "config": {"size": size, "dtype": "float32", "repeats": repeats, "warmup": warmup},
+        "targets": {"ours/stop_gradient": TARGET_VS_STOP_GRADIENT, "ours/fused": TARGET_VS_FUSED},
+        "groups": groups,
+        "skipped": skipped,
+    }
+
+
+def skip_reason(entry) -> str:
+    """Why an entry cannot be benchmarked here ("" when it can)."""
+    if 0 not in entry.diff_argnums:
+        return "its first argument carries no gradient"
+    return ""
+
+
+def input_shape(entry, params: dict[str, Any], size: int) -> tuple[int, ...]:
+    """About ``size`` values in a valid shape: a leading batch axis before the row shape."""
+    if entry.example_shape is not None:
+        base = tuple(int(n) for n in entry.example_shape(**params))
+        tail = base[1:] if len(base) > entry.input_rank else base
+    else:
+        tail = (4,) * entry.input_rank
+    return (max(1, size // math.prod(tail)), *tail)
+
+
+def benchmark_estimator(entry, *, size: int, repeats: int, warmup: int) -> dict[str, Any]:
+    """One estimator's group: ours, stop_gradient and fused, measured interleaved."""
+    params = entry.default_params()
+    rng = np.random.default_rng(0)
+    shape = input_shape(entry, params, size)
+    x = jnp.asarray(rng.standard_normal(shape, np.float32))
+    args = tuple(jnp.asarray(a) for a in entry.example_args(rng, shape, np.float32, params))
+    key = jax.random.key(0)
+    bind = dict(params)
+
+    def call(fn, x, args, key):
+        return fn(x, *args, **bind, key=key) if entry.random else fn(x, *args, **bind)
+
+    def partial_x(x, args, key):
+        d = call(entry.derivative, x, args, key)
+        d = d[entry.diff_argnums.index(0)] if isinstance(d, tuple) else d
+        return jnp.broadcast_to(jnp.asarray(d, x.dtype), x.shape)
+
+    out = jax.eval_shape(lambda x: call(entry.fn, x, args, key), x)
+    if out.shape != x.shape:
+        raise ValueError(f"{entry.name}: output shape {out.shape} differs from input shape {x.shape}")
+    w = jnp.asarray(rng.standard_normal(shape, np.float32))
+
+    if entry.derivative is not None:
+        form, stop_gradient_forward = stop_gradient_form(entry, x, args, key, call, partial_x)
+    else:
+        form, stop_gradient_forward = tangent_form(entry, bind)
+
+    def ours_loss(x, w, args, key):
+        return jnp.sum(call(entry.fn, x, args, key) * w)
+
+    def stop_gradient_loss(x, w, args, key):
+        return jnp.sum(stop_gradient_forward(x, args, key) * w)
+
+    def fused(x, w, args, key):
+        y = call(entry.forward, x, args, key)
+        return jnp.sum(y * w), partial_x(x, args, key) * w
+
+    fns = {
+        "ours": jax.jit(jax.value_and_grad(ours_loss)),
+        "stop_gradient": jax.jit(jax.value_and_grad(stop_gradient_loss)),
+    }
+    if entry.derivative is not None:
+        fns["fused"] = jax.jit(fused)
+    inputs = (x, w, args, key)
+    # The gradients must agree before their times mean anything. These first calls
+    # compile; their compilations count as warm-up.
+    outputs, first_compiles = {}, {}
+    for k, f in fns.items():
+        with CompileCounter() as counter:
+            outputs[k] = jax.block_until_ready(f(*inputs))
+        first_compiles[k] = (counter.count, counter.seconds)
+    grad_ours = np.asarray(outputs["ours"][1])
+    max_grad_diff = {k: float(np.max(np.abs(np.asarray(outputs[k][1]) - grad_ours))) for k in fns if k != "ours"}
+
+    calls = {k: (lambda f=f: f(*inputs)) for k, f in fns.items()}
+    group = compare(
+        entry.name,
+        calls,
+        repeats=repeats,
+        warmup=warmup,
+        ratios=[("ours", other) for other in ("stop_gradient", "fused") if other in fns],
+        info={
+            "family": entry.family,
+            "shape": list(shape),
+            "form": form,
+            "max_grad_diff": max_grad_diff,
+            "max_abs_grad": float(np.max(np.abs(grad_ours))),
+        },
+    )
+    for k, (count, seconds) in first_compiles.items():
+        group["variants"][k]["compiles_warmup"] += count
+        group["variants"][k]["compile_seconds"] += seconds
+    vs_sg = group["ratios"]["ours/stop_gradient"]["p50"]
+    vs_fused = group["ratios"].get("ours/fused", {}).get("p50")
+    group["info"]["meets_stop_gradient_target"] = vs_sg <= TARGET_VS_STOP_GRADIENT
+    group["info"]["meets_fused_target"] = None if vs_fused is None else vs_fused <= TARGET_VS_FUSED
+    return group
+
+
+def stop_gradient_form(entry, x, args, key, call, partial_x):
+    """The simplest stop_gradient form with the entry's derivative, and its name.
+
+    The derivative is probed on x, 4x and x scaled past the entry's outermost
+    kink, so that a clip outside the benchmark input's range is still seen.
+    """
+    sg = jax.lax.stop_gradient
+    kinks = [abs(float(b)) for b in entry.boundaries(**entry.default_params()) if math.isfinite(float(b))]
+    scales = (1.0, 4.0, max([4.0, *kinks]))
+    inputs = [x * jnp.asarray(c, x.dtype) for c in scales]
+    probes = [np.asarray(partial_x(p, args, key)) for p in inputs]
+    magnitudes = [np.abs(np.asarray(p)) for p in inputs]
+
+    if all(np.all(d == 1) for d in probes):
+
+        def identity(x, args, key):
+            return x + sg(call(entry.forward, x, args, key) - x)
+
+        return "x + sg(f(x) - x)", identity
+
+    if all(np.all((d == 0) | (d == 1)) for d in probes):
+        for c in sorted({abs(float(b)) for b in entry.boundaries(**entry.default_params())} | {1.0}):
+            if c > 0 and all(np.array_equal(d == 1, m <= c) for d, m in zip(probes, magnitudes, strict=True)):
+
+                def hardtanh(x, args, key, c=c):
+                    clipped = jnp.clip(x, -c, c)
+                    return clipped + sg(call(entry.forward, x, args, key) - clipped)
+
+                return f"clip(x, ±{c:g}) + sg(f(x) - clip(x, ±{c:g}))", hardtanh
+
+    def general(x, args, key):
+        return sg(call(entry.forward, x, args, key)) + (x - sg(x)) * sg(partial_x(x, args, key))
+
+    return "sg(f(x)) + (x - sg(x)) * sg(d(x))", general
+
+
+def tangent_form(entry, bind):
+    """``sg(f(x)) + T(x - sg(x))``: the value f(x), the gradient T's transpose applied to w."""
+    sg = jax.lax.stop_gradient
+
+    def with_tangent_map(x, args, key):
+        primals = (sg(x), *args)
+        tangents = tuple(x - sg(x) if i == 0 else jnp.zeros_like(primals[i]) for i in entry.diff_argnums)
+        extra = {"key": key} if entry.random else {}
+        t = entry.tangent(*primals, tangents=tangents, **bind, **extra)
+        return sg(entry.forward(*primals, **bind, **extra)) + t
+
+    return "sg(f(x)) + T(x - sg(x))", with_tangent_map

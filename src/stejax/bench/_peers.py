@@ -1,0 +1,189 @@
+"""The peers suite: a Qwix int8 QAT training step (Flax NNX) beside stejax's, on the same MLP, batch and optimiser.
+
+Flax and Qwix are optional (``pip install 'stejax[peers]'``) and imported only
+when this suite runs; without them the suite is skipped with a note. AQT is
+reported as not installed unless it can be imported.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import itertools
+import warnings
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from stejax.bench._measure import compare, standard_promotion
+from stejax.data import Normalizer
+from stejax.model import init_params, preset
+
+__all__ = ["peers_suite"]
+
+
+def peers_suite(*, repeats: int, warmup: int, quick: bool) -> dict[str, Any]:
+    """Time one training step of Qwix's int8 QAT on a Flax NNX MLP against stejax's, interleaved.
+
+    The MLP is the reference recipe's (``64 -> 256 -> 256 -> 10``, ReLU; ``quick``:
+    one hidden layer of 16), without dropout, on the same standardised digits
+    batch (64; ``quick``: 32) and the same optax optimiser object
+    (:func:`stejax.train.make_optimizer`: Adam, warm-up and cosine decay). Variants:
+
+    * ``stejax float``, ``stejax w8a8``: :func:`stejax.train.update` jitted (the
+      ``w8a8`` preset: 8-bit LSQ weights and inputs in every layer, learned steps);
+    * ``flax float``: the same MLP of ``flax.nnx.Linear`` layers, a functional step
+      (``nnx.split``/``nnx.merge`` inside ``jax.jit``);
+    * ``qwix int8``: that model through ``qwix.quantize_model`` with a ``QtProvider``
+      rule for every layer: int8 weights and int8 activations, absmax scales per
+      step (Qwix's defaults), straight-through in the backward pass.
+
+    Flax and Qwix run under JAX's standard dtype and rank promotion (they are
+    written for it; stejax's own code runs strict).
+
+    Returns:
+      ``{"status", "note", "config", "groups", "notes"}``; ``status`` is
+      ``"skipped"`` (with the note) when Flax or Qwix cannot be imported.
+    """
+    notes = [_aqt_note()]
+    missing = [name for name in ("flax", "qwix") if not _importable(name)]
+    if missing:
+        return {
+            "status": "skipped",
+            "note": f"{' and '.join(missing)} not installed: pip install 'stejax[peers]' to run the peers suite.",
+            "config": {},
+            "groups": [],
+            "notes": notes,
+        }
+    import optax
+    import qwix
+    from flax import nnx
+
+    from stejax.train import Batch, TrainConfig, compiled_update, load_splits, make_optimizer
+
+    config = (
+        TrainConfig(model="mlp", dropout=0.0, hidden=(16,), batch_size=32)
+        if quick
+        else TrainConfig(model="mlp", dropout=0.0)
+    )
+    splits = load_splits(config)
+    normalizer = Normalizer.fit(splits.train.x)
+    x = jnp.asarray(normalizer.apply(splits.train.x[: config.batch_size]))
+    y = jnp.asarray(splits.train.y[: config.batch_size])
+    optimizer = make_optimizer(config, len(splits.train) // config.batch_size)
+    model_config = config.model_config(splits.train)
+    sizes = (model_config.in_features, *model_config.hidden, model_config.n_classes)
+
+    calls = {}
+    batch = Batch(x, y)
+    for name in ("float", "w8a8"):
+        qc = preset(name)
+        params = init_params(jax.random.key(0), model_config, qc)
+        step = compiled_update(model_config, qc, optimizer)
+        state = optimizer.init(params)
+        calls[f"stejax {name}"] = lambda step=step, p=params, s=state: step(p, s, batch, None)
+
+    class MLP(nnx.Module):
+        def __init__(self, sizes: tuple[int, ...], rngs: nnx.Rngs):
+            self.layers = nnx.List([nnx.Linear(a, b, rngs=rngs) for a, b in itertools.pairwise(sizes)])
+
+        def __call__(self, h):
+            for i, layer in enumerate(self.layers):
+                h = layer(h)
+                if i < len(self.layers) - 1:
+                    h = jax.nn.relu(h)
+            return h
+
+    # Flax and Qwix warn about their own deprecated APIs; the warnings are kept as notes.
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with standard_promotion():
+            float_model = MLP(sizes, nnx.Rngs(0))
+            rules = [qwix.QtRule(module_path=".*", weight_qtype=jnp.int8, act_qtype=jnp.int8)]
+            qwix_model = qwix.quantize_model(float_model, qwix.QtProvider(rules), x)
+        # Outside standard_promotion: the promotion mode is part of jit's trace cache key,
+        # and the timed calls run in the caller's mode.
+        calls.update(_nnx_steps(nnx, optax, optimizer, {"flax float": float_model, "qwix int8": qwix_model}, x, y))
+    notes += sorted({f"{w.category.__name__} from a peer library: {' '.join(str(w.message).split())}" for w in caught})
+
+    ratios = [
+        ("qwix int8", "stejax w8a8"),
+        ("flax float", "stejax float"),
+        ("stejax w8a8", "stejax float"),
+        ("qwix int8", "flax float"),
+    ]
+    info = {
+        "model": f"MLP {' -> '.join(map(str, sizes))}, ReLU, no dropout",
+        "batch_size": config.batch_size,
+        "optimizer": f"{config.optimizer}, {config.schedule}, lr {config.learning_rate} (the same optax object)",
+        "stejax w8a8": preset("w8a8").describe().rstrip("."),
+        "qwix int8": "qwix.QtRule(module_path='.*', weight_qtype=int8, act_qtype=int8), QtProvider",
+        "qwix_quantised_dot_generals": calls.pop("_quantised_dots"),
+        "differences": "stejax's step also computes a finite flag and zero-gradient statistics; "
+        "Flax and Qwix run under standard promotion",
+    }
+    group = compare(
+        f"QAT training step, MLP, batch {config.batch_size}",
+        calls,
+        repeats=repeats,
+        warmup=warmup,
+        ratios=ratios,
+        info=info,
+    )
+    return {
+        "status": "ok",
+        "note": "",
+        "config": {
+            "model": "mlp",
+            "hidden": list(config.hidden),
+            "batch_size": config.batch_size,
+            "flax": importlib.metadata.version("flax"),
+            "qwix": importlib.metadata.version("qwix"),
+        },
+        "groups": [group],
+        "notes": notes,
+    }
+
+
+def _nnx_steps(nnx, optax, optimizer, models, x, y) -> dict[str, Any]:
+    """A jitted functional training step per NNX model (``nnx.split`` outside, ``nnx.merge`` inside)."""
+    calls: dict[str, Any] = {"_quantised_dots": 0}
+    for label, model in models.items():
+        graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+
+        def loss_fn(params, x, y, graphdef=graphdef, rest=rest):
+            logits = nnx.merge(graphdef, params, rest)(x)
+            return jnp.mean(optax.softmax_cross_entropy_with_integer_labels(logits, y))
+
+        def nnx_step(params, opt_state, x, y, loss_fn=loss_fn):
+            with standard_promotion():
+                value, grads = jax.value_and_grad(loss_fn)(params, x, y)
+                updates, opt_state = optimizer.update(grads, opt_state, params)
+                return optax.apply_updates(params, updates), opt_state, value
+
+        step = jax.jit(nnx_step)
+        state = optimizer.init(params)
+        # Trace now, inside the caller's warning filter (Flax warns while tracing Qwix's
+        # interception); the timed calls reuse the trace and compile on the first call.
+        step.trace(params, state, x, y)
+        if label == "qwix int8":
+            # Proof that Qwix quantised the products (else this would time a float model).
+            with standard_promotion():
+                calls["_quantised_dots"] = str(jax.make_jaxpr(loss_fn)(params, x, y)).count("dot_general_qt")
+        calls[label] = lambda step=step, p=params, s=state: step(p, s, x, y)
+    return calls
+
+
+def _importable(name: str) -> bool:
+    """Whether ``import name`` works (a module set to None in ``sys.modules`` counts as absent)."""
+    try:
+        return importlib.util.find_spec(name) is not None and importlib.import_module(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _aqt_note() -> str:
+    if _importable("aqt"):
+        return "AQT (aqtp) is installed but has no benchmark here yet."
+    return "AQT (aqtp): not installed."

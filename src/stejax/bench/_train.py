@@ -1,0 +1,79 @@
+"""The train suite: one jitted training step of the reference pipeline, float and each QAT preset."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from stejax import keys
+from stejax.bench._measure import compare
+from stejax.data import Normalizer
+from stejax.model import PRESETS, init_params, preset
+
+__all__ = ["train_suite"]
+
+
+def train_suite(*, repeats: int, warmup: int, quick: bool, presets: Sequence[str] = PRESETS) -> dict[str, Any]:
+    """Time :func:`stejax.train.update`, jitted as :func:`stejax.train.train` runs it, for each preset.
+
+    The recipe is the default one of ``stejax compare`` (the CNN on the digits,
+    batch 64, Adam with warm-up and cosine decay, dropout 0.2); ``quick`` uses a
+    small MLP (one hidden layer of 16) instead. Every preset steps the same
+    training batch from its own freshly initialised parameters, with a fresh
+    dropout key per call; the parameters are not carried from call to call, so
+    every call does the same work.
+
+    Returns:
+      ``{"config", "groups"}``: one group, the variants the presets, each
+      compared with ``float`` as per-round ratios.
+    """
+    from stejax.train import Batch, TrainConfig, compiled_update, load_splits, make_optimizer, needs_key
+
+    config = TrainConfig(model="mlp", hidden=(16,), batch_size=32) if quick else TrainConfig()
+    splits = load_splits(config)
+    normalizer = Normalizer.fit(splits.train.x)
+    batch = Batch(
+        jnp.asarray(normalizer.apply(splits.train.x[: config.batch_size])),
+        jnp.asarray(splits.train.y[: config.batch_size]),
+    )
+    optimizer = make_optimizer(config, len(splits.train) // config.batch_size)
+    model_config = config.model_config(splits.train)
+    root = keys.split(jax.random.key(config.seed), len(presets), where="bench train: one key per preset")
+    calls = {}
+    for name, k in zip(presets, root, strict=True):
+        qat_config = preset(name)
+        k_init, k_steps = keys.split(k, where=f"bench train: {name}")
+        params = init_params(k_init, model_config, qat_config)
+        step = compiled_update(model_config, qat_config, optimizer)
+        opt_state = optimizer.init(params)
+        n = warmup + repeats
+        step_keys = list(keys.split(k_steps, n)) if needs_key(model_config, train=True) else [None] * n
+        stream = itertools.cycle(step_keys)
+        calls[name] = lambda step=step, p=params, s=opt_state, it=stream: step(p, s, batch, next(it))
+    baseline = "float" if "float" in calls else None
+    model = (
+        f"MLP {model_config.in_features} -> {' -> '.join(map(str, config.hidden))} -> {model_config.n_classes}"
+        if config.model == "mlp"
+        else f"CNN channels {list(config.channels)} strides {list(config.strides)} on 8x8x1"
+    )
+    info = {
+        "model": model,
+        "batch_size": config.batch_size,
+        "optimizer": f"{config.optimizer}, {config.schedule}, lr {config.learning_rate}",
+        "dropout": config.dropout,
+        "what": "stejax.train.update under jax.jit (compiled_update): forward, loss, gradient, optimiser step",
+        "presets": {name: preset(name).describe() for name in presets},
+    }
+    group = compare(
+        f"train step ({config.model}, batch {config.batch_size})",
+        calls,
+        repeats=repeats,
+        warmup=warmup,
+        baseline=baseline,
+        info=info,
+    )
+    return {"config": {"model": config.model, "batch_size": config.batch_size, "quick": quick}, "groups": [group]}

@@ -1,0 +1,261 @@
+"""stejax.bench: the statistics, the measuring protocol, the report's schema, and a quick run of every suite.
+
+Correctness only: no test here judges a time.
+"""
+
+import copy
+import json
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from stejax.bench import (
+    FORMAT,
+    SUITES,
+    BenchSettings,
+    CompileCounter,
+    check_report,
+    machine_info,
+    measure,
+    peers_suite,
+    ratio_stats,
+    run_bench,
+    summarize,
+    versions,
+)
+from stejax.model import PRESETS
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+ESTIMATORS = ["round_ste", "sign_ste", "rotation_trick"]
+
+
+# ----------------------------------------------------------------------------- statistics
+
+
+def test_summarize_gives_the_distribution_in_milliseconds():
+    # 1 ms .. 100 ms: the q-th percentile sits at rank q/100 * 99 (linear interpolation).
+    s = summarize([k / 1000 for k in range(1, 101)])
+    assert s["n"] == 100
+    assert s["min_ms"] == pytest.approx(1.0) and s["max_ms"] == pytest.approx(100.0)
+    assert s["p50_ms"] == pytest.approx(50.5)  # rank 49.5: between 50 and 51
+    assert s["p90_ms"] == pytest.approx(90.1)  # rank 89.1: 90 + 0.1
+    assert s["p99_ms"] == pytest.approx(99.01)  # rank 98.01: 99 + 0.01
+    assert s["mean_ms"] == pytest.approx(50.5)
+
+
+def test_summarize_on_unsorted_samples():
+    s = summarize([0.005, 0.001, 0.004, 0.002, 0.003])
+    assert (s["min_ms"], s["p50_ms"], s["max_ms"]) == pytest.approx((1.0, 3.0, 5.0))
+    assert s["p90_ms"] == pytest.approx(4.6) and s["p99_ms"] == pytest.approx(4.96)  # ranks 3.6 and 3.96
+
+
+@pytest.mark.parametrize(
+    ("samples", "message"),
+    [([], "at least one duration"), ([0.1, float("nan")], "finite and >= 0"), ([-1e-3], "finite and >= 0")],
+)
+def test_summarize_rejects_bad_samples(samples, message):
+    with pytest.raises(ValueError, match=message):
+        summarize(samples)
+
+
+def test_ratio_stats_are_per_round():
+    r = ratio_stats([2.0, 4.0, 6.0], [1.0, 4.0, 2.0])  # ratios 2, 1, 3
+    assert r["n"] == 3 and r["p50"] == pytest.approx(2.0)
+    assert r["p10"] == pytest.approx(1.2) and r["p90"] == pytest.approx(2.8)
+    with pytest.raises(ValueError, match="two equal, non-empty series"):
+        ratio_stats([1.0], [1.0, 2.0])
+
+
+# ----------------------------------------------------------------------------- the protocol
+
+
+def test_measure_warms_up_then_interleaves_in_rotating_order():
+    order = []
+    f = jax.jit(lambda x: x * 2.0 + 1.0)
+    g = jax.jit(lambda x: jnp.sin(x))
+    x = jnp.ones(5)
+
+    def call(name, fn):
+        def run():
+            order.append(name)
+            return fn(x)
+
+        return run
+
+    out = measure({"a": call("a", f), "b": call("b", g)}, repeats=4, warmup=2)
+    warm, rounds = order[:4], order[4:]
+    assert warm == ["a", "a", "b", "b"] and rounds == ["a", "b", "b", "a", "a", "b", "b", "a"]
+    for name in ("a", "b"):
+        assert len(out[name]["seconds"]) == 4 and out[name]["stats_ms"]["n"] == 4
+        assert out[name]["compiles_warmup"] >= 1  # the first call compiled ...
+        assert out[name]["compiles_timed"] == 0  # ... and no timed call did
+
+
+def test_a_compile_in_the_timed_rounds_is_counted():
+    x = jnp.ones(3)
+    # A fresh function every call: every call compiles.
+    out = measure({"recompiles": lambda: jax.jit(lambda v: v + 1.0)(x)}, repeats=3, warmup=1)
+    assert out["recompiles"]["compiles_timed"] == 3
+
+
+def test_compile_counter_counts_compilations_only():
+    f = jax.jit(lambda v: v * 3.0)
+    x = jnp.ones(7)
+    with CompileCounter() as first:
+        f(x).block_until_ready()
+    with CompileCounter() as second:
+        f(x).block_until_ready()
+    assert first.count >= 1 and first.seconds > 0
+    assert second.count == 0 and second.seconds == 0
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [({"repeats": 0, "warmup": 1}, "repeats must be an int >= 1"), ({"repeats": 1, "warmup": 0}, "warmup must be")],
+)
+def test_measure_checks_its_arguments(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        measure({"a": lambda: jnp.ones(1)}, **kwargs)
+
+
+def test_settings():
+    assert BenchSettings.make().repeats == 30 and BenchSettings.make().warmup == 3
+    quick = BenchSettings.make(quick=True, repeats=7)
+    assert quick.quick and quick.repeats == 7 and quick.warmup == 1 and quick.estimator_size == 2**12
+    with pytest.raises(ValueError, match="warmup must be an int >= 1"):
+        BenchSettings.make(warmup=0)
+
+
+def test_machine_and_versions():
+    m = machine_info()
+    assert m["cores"] >= 1 and m["device"].startswith(jax.devices()[0].platform) and m["cpu"]
+    v = versions()
+    assert v["jax"] == jax.__version__ and v["numpy"] == np.__version__ and "qwix" in v
+
+
+# ----------------------------------------------------------------------------- a quick run of every suite
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    settings = BenchSettings.make(quick=True, repeats=2)
+    report = run_bench(["all"], out_dir=out, settings=settings, estimators=ESTIMATORS)
+    return report, out
+
+
+def test_the_quick_run_follows_the_schema_and_writes_its_files(quick_run):
+    report, out = quick_run
+    check_report(report)
+    assert report["format"] == FORMAT and list(report["suites"]) == list(SUITES)
+    assert json.loads((out / "bench.json").read_text()) == json.loads(json.dumps(report))
+    text = (out / "bench.md").read_text()
+    for heading in ("# stejax bench", "## estimators", "## train", "## inference", "## peers", "Protocol:"):
+        assert heading in text
+    assert (out / "bench.png").read_bytes()[:8] == PNG_SIGNATURE
+
+
+def test_every_suite_ran_and_no_timed_call_compiled(quick_run):
+    report, _ = quick_run
+    for name, suite in report["suites"].items():
+        assert suite["status"] == "ok", (name, suite["note"])
+        assert suite["groups"]
+        for group in suite["groups"]:
+            for variant, m in group["variants"].items():
+                assert m["compiles_timed"] == 0, (name, group["name"], variant)
+                assert m["stats_ms"]["n"] == 2
+
+
+def test_the_estimators_suite_compares_ours_with_both_forms(quick_run):
+    suite = quick_run[0]["suites"]["estimators"]
+    assert [g["name"] for g in suite["groups"]] == ESTIMATORS
+    by_name = {g["name"]: g for g in suite["groups"]}
+    assert set(by_name["round_ste"]["variants"]) == {"ours", "stop_gradient", "fused"}
+    assert set(by_name["round_ste"]["ratios"]) == {"ours/stop_gradient", "ours/fused"}
+    assert by_name["round_ste"]["info"]["form"] == "x + sg(f(x) - x)"
+    # A tangent map has no fused form.
+    assert "fused" not in by_name["rotation_trick"]["variants"]
+    assert by_name["rotation_trick"]["info"]["meets_fused_target"] is None
+    for g in suite["groups"]:
+        assert all(d == 0 for d in g["info"]["max_grad_diff"].values()), g["name"]
+        # The first, compiling calls are counted as warm-up.
+        assert all(m["compiles_warmup"] >= 1 for m in g["variants"].values())
+
+
+def test_the_train_suite_times_every_preset_against_float(quick_run):
+    (group,) = quick_run[0]["suites"]["train"]["groups"]
+    assert list(group["variants"]) == list(PRESETS) and group["baseline"] == "float"
+    assert set(group["ratios"]) == {f"{p}/float" for p in PRESETS if p != "float"}
+
+
+def test_the_inference_suite_has_float_fake_quant_and_integer(quick_run):
+    suite = quick_run[0]["suites"]["inference"]
+    assert [g["info"]["batch_size"] for g in suite["groups"]] == [1, 32]
+    expected = {"float", "fake-quant w8a8", "fake-quant w4a4", "integer w8a8", "integer w4a4"}
+    for group in suite["groups"]:
+        assert set(group["variants"]) == expected
+
+
+def test_the_peers_suite_runs_qwix_with_quantised_products(quick_run):
+    suite = quick_run[0]["suites"]["peers"]
+    (group,) = suite["groups"]
+    assert set(group["variants"]) == {"stejax float", "stejax w8a8", "flax float", "qwix int8"}
+    assert "qwix int8/stejax w8a8" in group["ratios"]
+    assert group["info"]["qwix_quantised_dot_generals"] > 0
+    assert any("AQT" in note for note in suite["notes"])
+
+
+def test_check_report_names_what_is_wrong(quick_run):
+    report = copy.deepcopy(quick_run[0])
+    variant = report["suites"]["train"]["groups"][0]["variants"]["float"]
+    del variant["stats_ms"]["p99_ms"]
+    with pytest.raises(ValueError, match=r"suites\.train\.groups\[0\]\.variants\['float'\]\.stats_ms"):
+        check_report(report)
+    report = copy.deepcopy(quick_run[0])
+    report["suites"]["peers"].update(status="skipped", note="")
+    with pytest.raises(ValueError, match="a skipped or failed suite says why"):
+        check_report(report)
+
+
+# ----------------------------------------------------------------------------- skips and errors
+
+
+def test_peers_is_skipped_with_a_note_without_qwix(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "qwix", None)  # `import qwix` now raises ImportError
+    result = peers_suite(repeats=1, warmup=1, quick=True)
+    assert result["status"] == "skipped" and result["groups"] == []
+    assert "qwix not installed" in result["note"] and "stejax[peers]" in result["note"]
+    report = run_bench(["peers"], out_dir=tmp_path, settings=BenchSettings.make(quick=True))
+    check_report(report)
+    assert report["suites"]["peers"]["status"] == "skipped"
+    assert "**skipped**: qwix not installed" in (tmp_path / "bench.md").read_text()
+
+
+def test_a_failing_suite_is_recorded_and_the_others_still_run(monkeypatch):
+    import stejax.bench._run as run_module
+
+    def broken(**kwargs):
+        raise RuntimeError("planted")
+
+    monkeypatch.setattr(run_module, "train_suite", broken)
+    report = run_bench(
+        ["train", "estimators"],
+        out_dir=None,
+        settings=BenchSettings.make(quick=True, repeats=1),
+        estimators=["round_ste"],
+    )
+    check_report(report)
+    assert (
+        report["suites"]["train"]["status"] == "error" and "RuntimeError: planted" in report["suites"]["train"]["note"]
+    )
+    assert report["suites"]["estimators"]["status"] == "ok"
+
+
+def test_unknown_suites_and_estimators_are_refused():
+    with pytest.raises(ValueError, match="unknown suite 'speed'"):
+        run_bench(["speed"], out_dir=None)
+    with pytest.raises(ValueError, match="no estimator named 'round'"):
+        run_bench(["estimators"], out_dir=None, settings=BenchSettings.make(quick=True), estimators=["round"])
