@@ -181,6 +181,29 @@ def verify_command(
     metavar="[N]",
     help="Run the first N steps (default 2) eagerly under the key ledger, proving no key is used twice.",
 )
+@click.option(
+    "--devices",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Data parallel: split each batch over the first N devices (of all processes). On CPU, set "
+    "XLA_FLAGS=--xla_force_host_platform_device_count=N first.",
+)
+@click.option(
+    "--shard-params",
+    is_flag=True,
+    default=False,
+    help="With a mesh, split parameters and optimiser state over the devices instead of replicating them.",
+)
+@click.option(
+    "--coordinator",
+    default=None,
+    metavar="HOST:PORT",
+    help="Multi-host: jax.distributed.initialize with this coordinator (process 0's address; 'auto' on a "
+    "cluster JAX detects: SLURM, Open MPI, TPU pods), then train on every process's devices. With an address, "
+    "give --num-processes and --process-id too.",
+)
+@click.option("--num-processes", type=click.IntRange(min=1), default=None, help="Multi-host: how many processes.")
+@click.option("--process-id", type=click.IntRange(min=0), default=None, help="Multi-host: this process's index.")
 def train_command(
     preset_name: str | None,
     config_file: Path | None,
@@ -189,26 +212,37 @@ def train_command(
     model: str | None,
     out: Path,
     debug_keys: int | None,
+    devices: int | None,
+    shard_params: bool,
+    coordinator: str | None,
+    num_processes: int | None,
+    process_id: int | None,
 ) -> None:
     """Train one model and write its run directory.
 
     OUT gets config.json, metrics.jsonl (one line per epoch), params.safetensors
     (the parameters with the best validation accuracy), normalizer.json and
     report.json (their test accuracy: the test split is used once, at the end).
-    Give a preset (trained with the default recipe) or a config file.
+    Give a preset (trained with the default recipe) or a config file. With
+    --devices or --coordinator the batch is split over a device mesh (same
+    results up to reduction order); across processes only process 0 writes OUT.
     """
     from stejax.train import TrainConfig, train
 
     config = _train_config(TrainConfig, preset_name, config_file, epochs=epochs, seed=seed, model=model)
+    mesh = _data_mesh(config, devices, shard_params, debug_keys, coordinator, num_processes, process_id)
+    parallel = {} if mesh is None else {"mesh": mesh, "param_sharding": "sharded" if shard_params else "replicated"}
     console = Console()
     console.print(Text(f"training {config.preset} ({config.model}, seed {config.seed}, up to {config.epochs} epochs)"))
+    if mesh is not None:
+        console.print(Text(f"data parallel over {mesh.size} devices, parameters {parallel['param_sharding']}"))
     with _progress(console) as progress:
         task = progress.add_task(config.preset, total=config.epochs)
 
         def on_epoch(record: Mapping[str, Any]) -> None:
             progress.update(task, advance=1, description=f"{config.preset} val {100 * record['val_accuracy']:.1f}%")
 
-        result = _guarded(lambda: train(config, out_dir=out, debug_keys=debug_keys or 0, on_epoch=on_epoch))
+        result = _guarded(lambda: train(config, out_dir=out, debug_keys=debug_keys or 0, on_epoch=on_epoch, **parallel))
     if result.key_check is not None:
         check = result.key_check
         console.print(
@@ -300,6 +334,37 @@ def _train_config(cls, preset_name, config_file, **overrides):
     except (TypeError, ValueError) as error:
         hint = "--config" if config_file is not None else "--preset"
         raise click.BadParameter(str(error), param_hint=hint) from None
+
+
+def _data_mesh(config, devices, shard_params, debug_keys, coordinator, num_processes, process_id):
+    """The train command's device mesh (None: one device), after jax.distributed.initialize when asked."""
+    if coordinator is None and (num_processes is not None or process_id is not None):
+        raise click.UsageError("--num-processes and --process-id need --coordinator HOST:PORT.")
+    if devices is None and coordinator is None:
+        if shard_params:
+            raise click.UsageError("--shard-params needs a mesh: give --devices N (or --coordinator).")
+        return None
+    if debug_keys:
+        raise click.UsageError("--debug-keys checks eager one-device steps; run it without --devices/--coordinator.")
+    import jax
+
+    from stejax.train import data_mesh
+
+    if coordinator == "auto":
+        jax.distributed.initialize()
+    elif coordinator is not None:
+        jax.distributed.initialize(coordinator_address=coordinator, num_processes=num_processes, process_id=process_id)
+    try:
+        mesh = data_mesh(devices)
+    except ValueError as error:
+        raise click.BadParameter(str(error), param_hint="--devices") from None
+    if config.batch_size % mesh.size:
+        raise click.BadParameter(
+            f"batch_size {config.batch_size} does not split evenly over {mesh.size} devices; "
+            f"use a multiple of {mesh.size}.",
+            param_hint="--devices",
+        )
+    return mesh
 
 
 def _guarded(run):
@@ -608,3 +673,525 @@ def _table_math(latex: str) -> str:
     if not latex:
         return ""
     return "$" + latex.replace("\\|", "\\Vert ").replace("|", "\\vert ") + "$"
+
+
+# ----------------------------------------------------------------------------- stejax serve
+# The HTTP inference service (issue 6). Needs the extra stejax[serve].
+
+_ADMIN_TOKEN_ENV = "STEJAX_ADMIN_TOKEN"
+
+
+@main.command("serve")
+@click.option(
+    "--artifact",
+    "artifact_dir",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    default=None,
+    help="Serve this artifact directory.",
+)
+@click.option(
+    "--registry",
+    "registry_dir",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    default=None,
+    help="Serve this registry's current artifact; reloads promote through it, rollback rolls it back.",
+)
+@click.option("--host", default="127.0.0.1", show_default=True, help="The address to bind.")
+@click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True, help="The port to bind.")
+@click.option("--buckets", default="1,8,32,128", show_default=True, metavar="N,...", help="Batch buckets.")
+@click.option(
+    "--oversize",
+    type=click.Choice(["split", "refuse"]),
+    default="split",
+    show_default=True,
+    help="Requests above the largest bucket: run in chunks, or refuse with 413.",
+)
+@click.option("--max-rows", type=click.IntRange(min=1), default=1024, show_default=True, help="Rows per request.")
+@click.option(
+    "--max-body-bytes", type=click.IntRange(min=1), default=4 * 1024 * 1024, show_default=True, help="Body limit."
+)
+@click.option(
+    "--batch-wait-ms",
+    type=click.FloatRange(min=0),
+    default=2.0,
+    show_default=True,
+    help="The longest a request waits for others to share its bucket.",
+)
+@click.option("--micro-batching/--no-micro-batching", default=True, show_default=True)
+@click.option(
+    "--max-connections",
+    type=click.IntRange(min=1),
+    default=256,
+    show_default=True,
+    help="Concurrent connections; beyond them uvicorn answers 503.",
+)
+@click.option(
+    "--admin-token-file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help=f"The admin bearer token (else ${_ADMIN_TOKEN_ENV}); without one the admin endpoints are off.",
+)
+@click.option(
+    "--log-level",
+    type=click.Choice(["critical", "error", "warning", "info", "debug"]),
+    default="info",
+    show_default=True,
+)
+def serve_command(
+    artifact_dir: Path | None,
+    registry_dir: Path | None,
+    host: str,
+    port: int,
+    buckets: str,
+    oversize: str,
+    max_rows: int,
+    max_body_bytes: int,
+    batch_wait_ms: float,
+    micro_batching: bool,
+    max_connections: int,
+    admin_token_file: Path | None,
+    log_level: str,
+) -> None:
+    """Serve a verified artifact over HTTP: POST /v1/predict, /metrics, /healthz, /readyz, /admin/*.
+
+    Every bucket is compiled at start-up (no request ever compiles); /readyz
+    answers 200 once that is done and the artifact passed its gate. Bound to
+    127.0.0.1 unless --host says otherwise. The admin endpoints (reload,
+    rollback, status) are on only with a token from --admin-token-file or
+    $STEJAX_ADMIN_TOKEN.
+    """
+    import logging
+    import os
+
+    import uvicorn
+
+    from stejax.serve import ArtifactSource, RegistrySource, ServeConfig, create_app
+
+    if (artifact_dir is None) == (registry_dir is None):
+        raise click.UsageError("give exactly one of --artifact DIR or --registry DIR.")
+    try:
+        bucket_sizes = tuple(int(b) for b in buckets.split(","))
+    except ValueError:
+        raise click.BadParameter(f"expected comma-separated ints, e.g. 1,8,32,128; got {buckets!r}.") from None
+    if admin_token_file is not None:
+        token = admin_token_file.read_text(encoding="utf-8").strip()
+        if not token:
+            raise click.BadParameter(f"{admin_token_file} is empty.", param_hint="--admin-token-file")
+    else:
+        token = os.environ.get(_ADMIN_TOKEN_ENV, "").strip() or None
+    try:
+        config = ServeConfig(
+            buckets=bucket_sizes,
+            oversize=oversize,
+            max_rows=max_rows,
+            max_body_bytes=max_body_bytes,
+            micro_batching=micro_batching,
+            batch_wait_ms=batch_wait_ms,
+            admin_token=token,
+        )
+    except ValueError as error:
+        raise click.BadParameter(str(error)) from None
+    if artifact_dir is not None:
+        source = ArtifactSource(artifact_dir)
+    else:
+        from stejax.artifacts import Registry
+
+        source = RegistrySource(Registry(registry_dir))
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    console = Console()
+    console.print(
+        Text(
+            f"stejax serve: {source.description} on http://{host}:{port} (buckets {list(config.buckets)}, "
+            f"admin {'on' if token else 'off'}); /readyz turns 200 when every bucket is compiled"
+        )
+    )
+    uvicorn.run(
+        create_app(source, config),
+        host=host,
+        port=port,
+        log_level=log_level,
+        limit_concurrency=max_connections,
+        server_header=False,
+    )
+
+
+# ============================================================================= bench and diagnose
+# `stejax bench` and `stejax diagnose`: measurements and fault localisation (one section, kept together).
+
+_BENCH_SUITES = ("estimators", "train", "inference", "peers", "all")
+
+
+@main.command("bench")
+@click.option(
+    "--suite",
+    "suites",
+    multiple=True,
+    type=click.Choice(_BENCH_SUITES),
+    default=("all",),
+    show_default=True,
+    help="A suite to run (repeatable).",
+)
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    required=True,
+    help="Folder for bench.json, bench.md and bench.png.",
+)
+@click.option(
+    "--repeats", type=click.IntRange(min=1), default=None, help="Timed rounds per group (default 30; quick 5)."
+)
+@click.option(
+    "--warmup", type=click.IntRange(min=1), default=None, help="Untimed calls per variant (default 3; quick 1)."
+)
+@click.option("--quick", is_flag=True, help="Small models and inputs: a check that every suite runs, in seconds.")
+@click.option("--estimator", "estimators", multiple=True, metavar="NAME", help="Only this estimator (repeatable).")
+def bench_command(
+    suites: tuple[str, ...],
+    out: Path,
+    repeats: int | None,
+    warmup: int | None,
+    quick: bool,
+    estimators: tuple[str, ...],
+) -> None:
+    """Measure: estimators, training steps, inference and peer libraries, after warm-up and compilation.
+
+    Every call is waited for (block_until_ready) and repeated in interleaved
+    rounds; the report gives min, p50, p90, p99 and max, compile counts, ratios
+    of interleaved runs, the machine and the versions, in OUT/bench.json,
+    OUT/bench.md and OUT/bench.png. Exit 1 if a suite fails.
+    """
+    from stejax.bench import BenchSettings, run_bench
+
+    for name in estimators:
+        _lookup(name)
+    settings = BenchSettings.make(quick=quick, repeats=repeats, warmup=warmup)
+    console = Console()
+
+    def on_event(event: Mapping[str, Any]) -> None:
+        console.print(Text(f"running the {event['suite']} suite ..."))
+
+    report = run_bench(suites, out_dir=out, settings=settings, estimators=estimators or None, on_event=on_event)
+    for name, suite in report["suites"].items():
+        if suite["status"] != "ok":
+            console.print(Text(f"{name}: {suite['status']}: {suite['note']}"))
+        else:
+            console.print(_bench_estimators_table(suite) if name == "estimators" else _bench_table(name, suite))
+        for note in suite.get("notes", []):
+            console.print(Text(f"  note: {note}"))
+    console.print(Text(f"{report['wall_seconds']:.1f} s; report: {(out / 'bench.md').resolve()}"))
+    if any(s["status"] == "error" for s in report["suites"].values()):
+        raise SystemExit(1)
+
+
+def _bench_table(name: str, suite: Mapping[str, Any]) -> Table:
+    table = Table(title=f"{name} ({suite['seconds']:.1f} s): ms per call")
+    for column in ("group", "variant", "p50", "min", "p90", "p99", "max", "compiles", "ratio p50"):
+        table.add_column(column, justify="left" if column in ("group", "variant") else "right")
+    for group in suite["groups"]:
+        for variant, m in group["variants"].items():
+            s = m["stats_ms"]
+            mine = [(k.partition("/")[2], r["p50"]) for k, r in group["ratios"].items() if k.startswith(f"{variant}/")]
+            ratio = f"{mine[0][1]:.3f} vs {mine[0][0]}" if mine else ""
+            table.add_row(
+                Text(group["name"]),
+                Text(variant),
+                *(Text(f"{s[k]:.4f}") for k in ("p50_ms", "min_ms", "p90_ms", "p99_ms", "max_ms")),
+                Text(f"{m['compiles_warmup']}/{m['compiles_timed']}"),
+                Text(ratio),
+            )
+    return table
+
+
+def _bench_estimators_table(suite: Mapping[str, Any]) -> Table:
+    table = Table(title=f"estimators ({suite['seconds']:.1f} s): forward + gradient, ms p50")
+    for column in ("estimator", "ours", "stop_gradient", "fused", "ours/sg", "ours/fused"):
+        table.add_column(column, justify="left" if column == "estimator" else "right")
+    for g in suite["groups"]:
+        cells = [
+            f"{g['variants'][v]['stats_ms']['p50_ms']:.4f}" if v in g["variants"] else "n/a"
+            for v in ("ours", "stop_gradient", "fused")
+        ]
+        ratios = [
+            f"{g['ratios'][r]['p50']:.3f}" if r in g["ratios"] else "n/a" for r in ("ours/stop_gradient", "ours/fused")
+        ]
+        table.add_row(Text(g["name"]), *(Text(c) for c in cells + ratios))
+    return table
+
+
+@main.command("diagnose")
+@click.option(
+    "--run",
+    "run_dir",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    default=None,
+    help="A run directory (stejax train --out DIR): diagnose its reference pipeline.",
+)
+@click.option("--pipeline", "factory", metavar="MODULE:FACTORY", default=None, help="A function returning a Pipeline.")
+@click.option("--examples", type=click.IntRange(min=1), default=2, show_default=True, help="Examples to run on.")
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Also write diagnose.json and diagnose.md here.",
+)
+def diagnose_command(run_dir: Path | None, factory: str | None, examples: int, out: Path | None) -> None:
+    """Find the first stage at which a training pipeline goes wrong; exit 1 if one does.
+
+    Stages: data, keys, shapes, forward, loss, gradients, update (eagerly, jit
+    disabled), then jit, vmap and grad added back one at a time and compared
+    leaf by leaf with the eager results.
+    """
+    import os
+
+    from stejax.diagnose import diagnose, load_pipeline, pipeline_from_run
+
+    if (run_dir is None) == (factory is None):
+        raise click.UsageError("give exactly one of --run DIR or --pipeline MODULE:FACTORY.")
+    try:
+        if run_dir is not None:
+            pipeline = pipeline_from_run(run_dir)
+        else:
+            pipeline = load_pipeline(factory, path=os.getcwd())
+    except (ValueError, ImportError, AttributeError, TypeError, FileNotFoundError) as error:
+        hint = "--run" if run_dir is not None else "--pipeline"
+        raise click.BadParameter(str(error), param_hint=hint) from None
+    except RuntimeError as error:
+        raise click.ClickException(str(error)) from None
+    report = diagnose(pipeline, examples=examples)
+    console = Console()
+    table = Table(title=f"diagnose {report.pipeline} ({report.examples} example(s))")
+    for column in ("stage", "outcome", "found"):
+        table.add_column(column, overflow="fold")
+    for stage in report.stages:
+        outcome = {"passed": "passed", "failed": "[red]FAILED[/red]"}.get(stage.status, stage.status)
+        table.add_row(Text(stage.stage), outcome, Text(stage.why))
+    console.print(table)
+    console.print(Text(report.summary()))
+    if out is not None:
+        json_path, md_path = report.write(out)
+        console.print(Text(f"wrote {json_path} and {md_path}"))
+    if not report.ok:
+        raise SystemExit(1)
+
+
+# ----------------------------------------------------------------------------- stejax export, artifact, regress
+# Integer export, verified artifacts, the local registry and regression sets (issue 5).
+# Needs the extra stejax[train].
+
+
+def _artifact_errors(run):
+    """Run a library call; its refusals (bad artifact, failed gate, existing target) become clean CLI errors."""
+    try:
+        return run()
+    except (ValueError, FileExistsError, FileNotFoundError) as error:
+        raise click.ClickException(f"{type(error).__name__}: {error}") from None
+
+
+def _size_table(size) -> Table:
+    table = Table(title="stored weights per layer")
+    for column in ("layer", "shape", "stored as", "float32 B", "stored B", "ratio", "scales B", "bias B"):
+        table.add_column(column, justify="left" if column in ("layer", "shape", "stored as") else "right")
+    for row in size.layers:
+        table.add_row(
+            Text(str(row.index)),
+            Text("x".join(map(str, row.weight_shape))),
+            Text(row.container),
+            Text(str(row.float32_bytes)),
+            Text(str(row.weight_bytes)),
+            Text(f"1/{round(1 / row.ratio)}" if row.ratio < 1 else "1"),
+            Text(str(row.scale_bytes + row.step_bytes)),
+            Text(str(row.bias_bytes)),
+        )
+    return table
+
+
+def _parity_table(parity) -> Table:
+    table = Table(title="parity with the fake-quantised model, per layer")
+    for column in ("layer", "path", "codes differing", "outputs bitwise"):
+        table.add_column(column, justify="left" if column in ("layer", "path") else "right")
+    for row in parity.layers:
+        table.add_row(
+            Text(str(row.index)),
+            Text(row.path),
+            Text(f"{row.code_mismatches}/{row.input_codes}" if row.input_codes else "float input"),
+            Text(f"{100 * row.output_bitwise:.1f}%"),
+        )
+    return table
+
+
+def _checks_table(title: str, checks: Iterable[Any]) -> Table:
+    table = Table(title=title)
+    for column in ("check", "result", "detail"):
+        table.add_column(column)
+    for check in checks:
+        table.add_row(Text(check.name), Text("passed" if check.passed else "FAILED"), Text(check.detail))
+    return table
+
+
+def _dtypes_option(function):
+    return click.option(
+        "--estimator-dtypes",
+        default=None,
+        metavar="DTYPE,...",
+        help="The dtypes of the estimator checks (default: every dtype the verifier checks).",
+    )(function)
+
+
+def _split_dtypes(text: str | None) -> tuple[str, ...] | None:
+    return None if text is None else tuple(d.strip() for d in text.split(",") if d.strip())
+
+
+@main.command("export")
+@click.argument("run_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True, help="The artifact to write.")
+@click.option("--parent", default=None, metavar="DIR|ID", help="The parent artifact (its directory or id).")
+def export_command(run_dir: Path, out: Path, parent: str | None) -> None:
+    """Export a trained QAT run to integer weights and write the artifact OUT.
+
+    Weights become int8, int4 or int2 codes packed two or four to a byte, or
+    binary codes packed eight to a byte, with float32 scales. The exported model
+    is compared with the fake-quantised one on the test split; OUT is written
+    (atomically) only when every prediction agrees and every logit is within
+    the stated bound.
+    """
+    from stejax.artifacts import save_artifact
+    from stejax.export import export_run
+
+    console = Console()
+    result = _artifact_errors(lambda: export_run(run_dir, require_parity=False))
+    console.print(_size_table(result.size))
+    size = result.size
+    console.print(
+        Text(
+            f"weights {size.weight_bytes} B stored vs {size.float32_weight_bytes} B float32, "
+            f"scales {size.scale_bytes} B; file predicted {size.predicted_file_bytes} B, "
+            f"actual {size.actual_file_bytes} B ({'match' if size.matches else 'MISMATCH'})"
+        )
+    )
+    console.print(_parity_table(result.parity))
+    console.print(Text(result.parity.summary()))
+    for flip in result.parity.flips:
+        console.print(Text(f"  code flip: {flip}"))
+    if not result.parity.passed:
+        raise click.ClickException("parity failed; no artifact written.")
+    artifact = _artifact_errors(lambda: save_artifact(result, out, parent=parent))
+    console.print(Text(f"artifact {artifact.id} written to {artifact.path.resolve()}"))
+
+
+@main.group("artifact")
+def artifact_group() -> None:
+    """Verify artifacts and manage a local registry (promote, rollback, current, list)."""
+
+
+@artifact_group.command("verify")
+@click.argument("artifact_dir", type=click.Path(file_okay=False, path_type=Path))
+def artifact_verify(artifact_dir: Path) -> None:
+    """Verify ARTIFACT_DIR: every file's sha256, the safetensors headers, the contract; non-zero exit on any problem."""
+    from stejax.artifacts import load_artifact
+
+    artifact = _artifact_errors(lambda: load_artifact(artifact_dir))
+    console = Console()
+    table = Table(title=f"artifact {artifact.short_id}")
+    for column in ("file", "bytes", "sha256"):
+        table.add_column(column, justify="right" if column == "bytes" else "left")
+    for name, entry in artifact.manifest["files"].items():
+        table.add_row(Text(name), Text(str(entry["bytes"])), Text(entry["sha256"]))
+    console.print(table)
+    quant = artifact.manifest["quantization"]
+    console.print(Text(f"verified: {artifact.id} ({quant['preset']}: {quant['describe']})"))
+
+
+@artifact_group.command("promote")
+@click.argument("artifact_dir", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--registry", "registry_dir", type=click.Path(file_okay=False, path_type=Path), required=True)
+@_dtypes_option
+def artifact_promote(artifact_dir: Path, registry_dir: Path, estimator_dtypes: str | None) -> None:
+    """Run the gate on ARTIFACT_DIR and, if every check passes, make it the registry's current artifact."""
+    from stejax.artifacts import Registry, RegistryError
+
+    console = Console()
+    try:
+        promotion = Registry(registry_dir).promote(artifact_dir, estimator_dtypes=_split_dtypes(estimator_dtypes))
+    except RegistryError as error:
+        if error.report is not None:
+            console.print(_checks_table("release gate", error.report.checks))
+        raise click.ClickException(str(error)) from None
+    except (ValueError, OSError) as error:
+        raise click.ClickException(f"{type(error).__name__}: {error}") from None
+    console.print(_checks_table("release gate", promotion.gate.checks))
+    previous = promotion.previous_id[:12] if promotion.previous_id else "none"
+    console.print(Text(f"current: {promotion.artifact.id} (previous: {previous})"))
+
+
+@artifact_group.command("rollback")
+@click.option("--registry", "registry_dir", type=click.Path(file_okay=False, path_type=Path), required=True)
+def artifact_rollback(registry_dir: Path) -> None:
+    """Make the previous verified artifact current again (nothing is deleted)."""
+    from stejax.artifacts import Registry
+
+    artifact = _artifact_errors(lambda: Registry(registry_dir).rollback())
+    Console().print(Text(f"current: {artifact.id} (rolled back)"))
+
+
+@artifact_group.command("current")
+@click.option("--registry", "registry_dir", type=click.Path(file_okay=False, path_type=Path), required=True)
+def artifact_current(registry_dir: Path) -> None:
+    """Print the current artifact's id and directory (verified on the way)."""
+    from stejax.artifacts import Registry
+
+    artifact = _artifact_errors(lambda: Registry(registry_dir).current())
+    if artifact is None:
+        raise click.ClickException(f"{registry_dir}: nothing promoted yet.")
+    Console().print(Text(f"{artifact.id} {artifact.path}"))
+
+
+@artifact_group.command("list")
+@click.option("--registry", "registry_dir", type=click.Path(file_okay=False, path_type=Path), required=True)
+def artifact_list(registry_dir: Path) -> None:
+    """List the registry's artifacts: id, status, when promoted, preset, parent."""
+    from stejax.artifacts import Registry
+
+    entries = _artifact_errors(lambda: Registry(registry_dir).list())
+    table = Table(title=f"registry {registry_dir}")
+    for column in ("id", "status", "promoted", "preset", "parent"):
+        table.add_column(column)
+    for entry in entries:
+        table.add_row(
+            Text(entry.id[:12]),
+            Text(entry.status),
+            Text(entry.promoted or "-"),
+            Text(entry.preset or "-"),
+            Text(entry.parent[:12] if entry.parent else "-"),
+        )
+    Console().print(table)
+
+
+@main.group("regress")
+def regress_group() -> None:
+    """Record and check an artifact's regression set."""
+
+
+@regress_group.command("record")
+@click.argument("artifact_dir", type=click.Path(file_okay=False, path_type=Path))
+def regress_record(artifact_dir: Path) -> None:
+    """Store ARTIFACT_DIR/regression: fixed inputs (a batch, one example, zeros, ties, a bad shape) and outputs."""
+    from stejax.regress import record
+
+    path = _artifact_errors(lambda: record(artifact_dir))
+    Console().print(Text(f"regression set written to {path.resolve()}"))
+
+
+@regress_group.command("check")
+@click.argument("artifact_dir", type=click.Path(file_okay=False, path_type=Path))
+def regress_check(artifact_dir: Path) -> None:
+    """Recompute ARTIFACT_DIR's regression set and compare at the stated per-dtype tolerances."""
+    from stejax.regress import check
+
+    report = _artifact_errors(lambda: check(artifact_dir))
+    console = Console()
+    console.print(_checks_table("regression set", report.cases))
+    for problem in report.problems:
+        console.print(Text(f"problem: {problem}"))
+    console.print(Text(report.summary()))
+    if not report.passed:
+        raise SystemExit(1)
