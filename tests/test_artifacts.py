@@ -85,6 +85,8 @@ def test_weights_are_standard_safetensors_both_ways(tmp_path):
     rng = np.random.default_rng(0)
     z = rng.integers(0, 255, (3, 5), dtype=np.uint8)
     tensors = {"z": z, "a": np.ones(4, np.float32), "m": np.zeros(2, np.int8), "s": np.float32(1.5)}
+    # One tensor of every stored dtype, with names against the dtype order.
+    tensors.update({f"{i}": np.arange(3, dtype=d) for i, d in enumerate(_safetensors.DTYPES.values())})
     written = _safetensors.encode(tensors, {"k": "v"})
     table = {name: (a.shape, a.dtype) for name, a in tensors.items()}
     assert written[8 : 8 + len(_safetensors.header(table, {"k": "v"}))] == _safetensors.header(table, {"k": "v"})

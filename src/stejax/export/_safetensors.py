@@ -6,7 +6,7 @@ JSON, then the tensor bytes. The JSON maps each tensor name to
 follows the header) and may hold ``"__metadata__"``, a map of strings. Nothing in
 it is executable. :func:`encode` is the library's ``safetensors.numpy.save``;
 :func:`header` lays the table out as the library does (tensors by dtype size,
-largest first, then by name; the JSON padded with spaces to a multiple of 8
+in the library's dtype order, then by name; the JSON padded with spaces to a multiple of 8
 bytes), so the file size follows from the table alone (:func:`file_size`), and
 a test holds the two to byte equality. :func:`decode` trusts nothing before the
 library reads the tensors: the header length is bounded, the JSON must be an
@@ -39,6 +39,9 @@ DTYPES: dict[str, np.dtype] = {
     "I64": np.dtype("<i8"),
 }
 _NAMES = {dtype: name for name, dtype in DTYPES.items()}
+# The order of these dtypes in the library's ``Dtype`` enum (U8 < I8 < I16 < I32 <
+# F32 < F64 < I64), which its writer sorts by, descending, before the names.
+_WRITE_RANK = {"U8": 0, "I8": 1, "I16": 2, "I32": 3, "F32": 4, "F64": 5, "I64": 6}
 
 
 class SafetensorsError(ValueError):
@@ -58,8 +61,8 @@ def header(table: Mapping[str, tuple[tuple[int, ...], np.dtype]], metadata: Mapp
     if metadata:
         entries["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
     offset = 0
-    # The library's order: larger dtypes first (alignment), then by name.
-    order = sorted(table, key=lambda name: (-np.dtype(table[name][1]).itemsize, name))
+    # The library's order: by its dtype enum, last member first, then by name.
+    order = sorted(table, key=lambda name: (-_WRITE_RANK[_dtype_name(table[name][1], name)], name))
     for name in order:
         shape, dtype = table[name]
         size = math.prod(shape) * np.dtype(dtype).itemsize
