@@ -314,6 +314,27 @@ def test_the_reference_pipeline_of_a_run_passes(run_dir):
     assert report.ok, report.summary()
 
 
+def test_the_reference_pipeline_takes_the_digits_batch_by_default(run_dir, tmp_path):
+    import json
+    import shutil
+
+    from stejax.data import DIGITS_NAME
+    from stejax.train import load_run, load_splits
+
+    out, _ = run_dir
+    with pytest.raises(ValueError, match=r"trained on 'digits-300'; pass its data as batch=\(x, y\)"):
+        pipeline_from_run(out)
+    # The same run, recorded as trained on the full digits: its first training batch is used.
+    digits_run = shutil.copytree(out, tmp_path / "run")
+    config = json.loads((digits_run / "config.json").read_text())
+    config["data"]["name"] = DIGITS_NAME
+    (digits_run / "config.json").write_text(json.dumps(config))
+    pipeline = pipeline_from_run(digits_run)
+    inputs, labels = pipeline.batch
+    expected = load_splits(load_run(digits_run).config).train
+    assert inputs.shape == (32, 64) and np.array_equal(np.asarray(labels), expected.y[:32])
+
+
 def test_the_reference_pipeline_finds_nan_data(run_dir):
     out, splits = run_dir
     x = splits.train.x[:8].astype(np.float32)

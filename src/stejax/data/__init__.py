@@ -11,6 +11,7 @@ from stejax.data._batches import batches as batches
 from stejax.data._dataset import Dataset as Dataset
 from stejax.data._idx import read_idx as read_idx
 from stejax.data._idx import write_idx as write_idx
+from stejax.data._loaders import DIGITS_NAME as DIGITS_NAME
 from stejax.data._loaders import load_digits as load_digits
 from stejax.data._loaders import load_idx as load_idx
 from stejax.data._loaders import load_npz as load_npz

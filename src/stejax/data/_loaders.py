@@ -11,7 +11,11 @@ import numpy as np
 from stejax.data._dataset import Dataset, features_from_raw, labels_from_raw
 from stejax.data._idx import read_idx
 
-__all__ = ["load_digits", "load_idx", "load_npz"]
+__all__ = ["DIGITS_NAME", "load_digits", "load_idx", "load_npz"]
+
+
+# The name load_digits gives its dataset (and run directories record).
+DIGITS_NAME = "sklearn-digits"
 
 
 def load_digits() -> Dataset:
@@ -60,7 +64,7 @@ def load_digits() -> Dataset:
         n_classes=10,
         image_shape=image_shape,
         feature_order="row-major pixels: pixel (r, c) of the 8x8 image is feature 8*r + c; values 0..16",
-        name="sklearn-digits",
+        name=DIGITS_NAME,
     )
 
 

@@ -90,8 +90,10 @@ def pipeline_from_run(
     run = load_run(run_dir)
     mc, qc = run.model_config, run.qat_config
     if batch is None:
-        name = str(run.data.get("name", "digits"))
-        if not name.startswith("digits"):
+        from stejax.data import DIGITS_NAME
+
+        name = str(run.data.get("name"))
+        if name != DIGITS_NAME:
             raise ValueError(
                 f"pipeline_from_run: the run at {run_dir} trained on {name!r}; pass its data as batch=(x, y)."
             )
