@@ -11,7 +11,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml requirements/constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -c requirements/constraints.txt -e ".[test,peers]"
+	$(BIN)/python -m pip install --quiet -c requirements/constraints.txt -e ".[test]"
 	touch $(STAMP)
 
 demo: setup
