@@ -108,6 +108,18 @@ def test_promote_rollback_and_nothing_deleted(tmp_path):
     assert again.previous_id == first.artifact.id and registry.current_id() == second.artifact.id
 
 
+def test_current_refuses_an_artifact_rewritten_and_resigned_after_promotion(tmp_path):
+    registry = Registry(tmp_path / "registry")
+    promoted = registry.promote(copy_artifact("w4a4", tmp_path / "a"), estimator_dtypes=DTYPES).artifact
+    manifest = json.loads((promoted.path / "manifest.json").read_text())
+    manifest["training"]["report"]["test_accuracy"] = 0.999
+    (promoted.path / "manifest.json").write_text(json.dumps(manifest))
+    resign(promoted.path)  # a consistent artifact again, under another id
+    assert load_artifact(promoted.path).id != promoted.id
+    with pytest.raises(ArtifactError, match=rf"promoted artifact {promoted.id}, but the directory now holds"):
+        registry.current()
+
+
 def test_promote_refuses_a_failing_artifact_and_keeps_the_current(tmp_path):
     good = copy_artifact("w4a4", tmp_path / "good")
     bare = copy_artifact("w8a8", tmp_path / "bare", regression=False)

@@ -152,10 +152,19 @@ class Registry:
         """The current artifact, loaded and verified (None when nothing was promoted).
 
         Raises:
-          ArtifactError: the current artifact no longer verifies.
+          ArtifactError: the current artifact no longer verifies, or verifies under
+            another id than the one promoted (it was rewritten and re-signed).
         """
         current = self.current_id()
-        return None if current is None else load_artifact(self.path_of(current))
+        if current is None:
+            return None
+        artifact = load_artifact(self.path_of(current))
+        if artifact.id != current:
+            raise ArtifactError(
+                f"{artifact.path}: the registry promoted artifact {current}, but the directory now holds a "
+                f"consistent artifact with id {artifact.id}: it was rewritten and re-signed after promotion."
+            )
+        return artifact
 
     def events(self) -> tuple[dict[str, Any], ...]:
         """Every recorded event, oldest first."""
