@@ -60,6 +60,19 @@ def test_save_and_load_round_trip(tmp_path):
     assert m["verification"]["parity"]["passed"] is True
     size = m["verification"]["size"]
     assert size["predicted_file_bytes"] == size["file_bytes_on_disk"] == m["files"]["weights.safetensors"]["bytes"]
+    assert size["evidence_file_bytes"] == m["files"]["parity.safetensors"]["bytes"]
+
+
+def test_file_bytes_are_the_whole_artifact_on_disk(tmp_path):
+    artifact = save_artifact(exported("w4a4"), tmp_path / "a")
+    sizes = artifact.file_bytes()
+    assert list(sizes) == ["manifest.json", "parity.safetensors", "weights.safetensors"]
+    on_disk = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(artifact.path) for f in fs)
+    assert sum(sizes.values()) == on_disk
+    assert sizes["weights.safetensors"] == artifact.manifest["verification"]["size"]["actual_file_bytes"]
+    assert sizes["parity.safetensors"] == artifact.manifest["verification"]["size"]["evidence_file_bytes"]
+    # The evidence is the bulk of the artifact: the size report must not hide it.
+    assert sizes["parity.safetensors"] > 5 * sizes["weights.safetensors"]
 
 
 def test_parent_id_is_recorded_and_the_id_follows_the_content(tmp_path):

@@ -259,3 +259,46 @@ def test_unknown_suites_and_estimators_are_refused():
         run_bench(["speed"], out_dir=None)
     with pytest.raises(ValueError, match="no estimator named 'round'"):
         run_bench(["estimators"], out_dir=None, settings=BenchSettings.make(quick=True), estimators=["round"])
+
+
+# ----------------------------------------------------------------------------- gradients before times
+
+
+def test_estimators_with_trainable_parameters_time_every_gradient():
+    from stejax.bench._estimators import estimators_suite
+
+    suite = estimators_suite(repeats=1, warmup=1, size=256, names=["lsq", "lsq_plus", "pact"])
+    wrt = {g["name"]: g["info"]["grad_wrt"] for g in suite["groups"]}
+    assert wrt == {"lsq": ["x", "step"], "lsq_plus": ["x", "step", "offset"], "pact": ["x", "alpha"]}
+    for g in suite["groups"]:
+        assert g["info"]["status"] == "ok" and g["info"]["grad_tolerance"] == 0.0, g["info"]["failure"]
+        assert set(g["info"]["max_grad_diff"]) == {"stop_gradient", "fused"}
+        assert all(d == 0 for d in g["info"]["max_grad_diff"].values()), g["name"]
+        assert "(step - sg(step)) * sg(d_step)" in g["info"]["form"] or g["name"] == "pact"
+    assert suite["notes"] == []
+
+
+def test_a_stop_gradient_form_with_another_gradient_fails_the_estimator(monkeypatch):
+    import stejax.bench._estimators as estimators_module
+    from stejax.bench._report import markdown
+
+    def wrong_form(entry, x, args, key, call, partial_x):
+        sg = jax.lax.stop_gradient
+        # Twice the declared derivative: the same value, another gradient.
+        return "planted", lambda x, args, key: sg(call(entry.forward, x, args, key)) + 2.0 * (x - sg(x))
+
+    monkeypatch.setattr(estimators_module, "stop_gradient_form", wrong_form)
+    suite = estimators_module.estimators_suite(repeats=1, warmup=1, size=64, names=["round_ste"])
+    (group,) = suite["groups"]
+    info = group["info"]
+    assert info["status"] == "failed" and info["max_grad_diff"]["stop_gradient"] > 0
+    assert info["meets_stop_gradient_target"] is False and info["meets_fused_target"] is False
+    assert info["failure"].startswith("stop_gradient: the gradient with respect to x differs from ours by")
+    assert "the tolerance is 0 * max(1, |ours|)" in info["failure"]
+    assert suite["notes"] and suite["notes"][0].startswith("FAILED round_ste: gradients disagree")
+    report = run_bench(
+        ["estimators"], out_dir=None, settings=BenchSettings.make(quick=True, repeats=1), estimators=["round_ste"]
+    )
+    check_report(report)
+    text = markdown(report)
+    assert "**FAILED**: gradients differ" in text and "- FAILED round_ste" in text

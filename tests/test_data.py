@@ -77,6 +77,7 @@ def test_public_names_are_re_exported():
         "Dataset",
         "Normalizer",
         "Splits",
+        "DIGITS_NAME",
         "assert_disjoint",
         "batches",
         "load_digits",

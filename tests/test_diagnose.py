@@ -131,6 +131,45 @@ def test_a_key_consumed_twice_through_the_ledger_is_named_at_keys():
     assert "first at noise, again at more noise" in report.why
 
 
+def test_a_key_made_inside_forward_is_named_at_keys():
+    def forward(params, x, *, key):
+        # The key argument is ignored: the same dropout mask at every step.
+        keep = jax.random.bernoulli(jax.random.key(0), 0.9, x.shape)
+        return jnp.where(keep, x / 0.9, jnp.zeros_like(x)) @ params["w"] + params["b"][None, :]
+
+    report = diagnose(_with_forward(healthy(), forward))
+    _assert_named(report, "keys")
+    assert "forward makes its own PRNG key from constants" in report.why
+    assert "keys must come from the pipeline's key" in report.why
+    assert re.search(r"random_seed at .*test_diagnose\.py:\d+ \(in forward\)", report.why), report.why
+
+
+def test_a_key_wrapped_from_constant_bits_in_the_loss_is_named_at_keys():
+    def loss(params, batch, *, key):
+        x, y = batch
+        own = jax.random.wrap_key_data(jnp.zeros(2, jnp.uint32))  # constant bits, not the given key
+        noise = 0.01 * jax.random.normal(own, x.shape)
+        return _cross_entropy(_forward(params, x + noise, key=key), y)
+
+    report = diagnose(dataclasses.replace(healthy(), loss=loss))
+    _assert_named(report, "keys")
+    assert report.why.startswith("loss makes its own PRNG key from constants")
+    assert re.search(r"random_wrap at .*test_diagnose\.py:\d+ \(in loss\)", report.why), report.why
+
+
+def test_a_key_closed_over_from_outside_is_named_at_keys():
+    fixed = jax.random.key(7)
+
+    def forward(params, x, *, key):
+        keep = jax.random.bernoulli(fixed, 0.9, x.shape)
+        return jnp.where(keep, x / 0.9, jnp.zeros_like(x)) @ params["w"] + params["b"][None, :]
+
+    # Used by forward alone, the key is consumed once per call: no reuse to see, only its origin.
+    report = diagnose(dataclasses.replace(healthy(), forward=forward))
+    _assert_named(report, "keys")
+    assert "a key closed over as a constant" in report.why and "test_diagnose.py" in report.why
+
+
 def test_an_untyped_key_is_named_at_keys():
     report = diagnose(dataclasses.replace(healthy(), key=jax.random.PRNGKey(0)))
     _assert_named(report, "keys")
@@ -154,6 +193,25 @@ def test_logits_of_the_wrong_width_are_named_at_shapes():
     report = diagnose(_with_forward(healthy(), forward))
     _assert_named(report, "shapes")
     assert "logits must have shape (2, 3)" in report.why and "(2, 2)" in report.why
+
+
+def test_a_loss_that_returns_a_python_float_is_named_at_shapes():
+    def loss(params, batch, *, key):
+        return float(_loss(params, batch, key=key))
+
+    report = diagnose(dataclasses.replace(healthy(), loss=loss))
+    _assert_named(report, "shapes")
+    assert "loss must return a JAX or NumPy array scalar" in report.why and "got a builtins.float" in report.why
+    assert "got shape ()" not in report.why
+
+
+def test_a_loss_that_returns_a_vector_is_named_at_shapes():
+    def loss(params, batch, *, key):
+        return _loss(params, batch, key=key)[None]
+
+    report = diagnose(dataclasses.replace(healthy(), loss=loss))
+    _assert_named(report, "shapes")
+    assert "loss must return a scalar array of shape (); got shape (1,)" in report.why
 
 
 def test_a_nan_made_by_forward_is_named_at_forward_with_its_operation():
@@ -194,6 +252,31 @@ def test_an_exploding_gradient_is_named_at_gradients():
     _assert_named(report, "gradients")
     assert report.why.startswith("grads[") and "inf" in report.why and "the loss" in report.why
     assert re.search(r"the first inf comes from exp at .*test_diagnose\.py:\d+", report.nan_origin)
+
+
+def test_a_finite_gradient_explosion_is_named_at_gradients():
+    # Steep but finite in float32: exp(20 |z|) on logits of order 1 gives a global norm far above the bound.
+    spike = stejax.surrogate(lambda z: (z > 0).astype(z.dtype), lambda z: jnp.exp(20.0 * jnp.abs(z)))
+
+    def forward(params, x, *, key):
+        z = _forward(params, x, key=key)
+        return z + spike(z)
+
+    p = _with_forward(healthy(), forward)
+    report = diagnose(p)
+    _assert_named(report, "gradients")
+    assert report.nan_origin is None  # nothing is non-finite
+    match = re.search(
+        r"global norm (\S+) exceeds the bound (\S+) \(max_grad_norm 1e\+06 \* max\(1, parameter", report.why
+    )
+    assert match, report.why
+    norm, bound = float(match.group(1)), float(match.group(2))
+    assert np.isfinite(norm) and norm > bound >= 1e6
+    assert "the largest leaf is grads['w']" in report.why
+    # The bound is stated, not hidden: a larger one lets the same gradient pass.
+    assert diagnose(p, max_grad_norm=1e30).stage("gradients").status == "passed"
+    with pytest.raises(ValueError, match="max_grad_norm must be a number > 0; got 0"):
+        diagnose(p, max_grad_norm=0)
 
 
 def test_an_update_that_changes_a_dtype_is_named_at_update():

@@ -264,6 +264,23 @@ def test_quantize_wraps_an_nnx_linear():
     assert_bitwise_equal(q(x), np.asarray(expected), context="quantised")
 
 
+def test_quantize_of_a_linear_takes_one_example_as_nnx_linear_does():
+    dense = nnx.Linear(5, 3, rngs=nnx.Rngs(0))
+    x = _x((5,))
+    y = quantize(dense)(x)
+    assert y.shape == (3,)
+    assert_bitwise_equal(y, np.asarray(dense(x)), context="no quantisers, one example")
+    q = quantize(dense, weights=Quant("lsq", bits=4), activations=Quant("pact", bits=4))
+    assert_bitwise_equal(q(x), np.asarray(q(x[None])[0]), context="quantised: as a batch of one")
+
+
+def test_conv_padding_forms_nnx_conv_does_not_take_are_refused_clearly():
+    with pytest.raises(ValueError, match=_literal("per spatial axis (2) an int or a (low, high) pair of ints")):
+        QuantConv(2, 2, (3, 3), padding=[1, 1, 1], rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match=_literal("got [(1, 2, 3), 1]")):
+        QuantConv(2, 2, (3, 3), padding=[(1, 2, 3), 1], rngs=nnx.Rngs(0))
+
+
 @pytest.mark.parametrize(
     "kwargs",
     [
@@ -271,6 +288,9 @@ def test_quantize_wraps_an_nnx_linear():
         {"strides": 2},
         {"padding": "VALID"},
         {"padding": ((1, 0), (0, 2))},
+        {"padding": [1, 1]},  # one int per spatial axis
+        {"padding": [(1, 0), 2]},  # a pair and an int
+        {"padding": 1},
         {"kernel_dilation": 2},
         {"use_bias": False},
     ],

@@ -210,3 +210,40 @@ def test_the_registry_state_is_validated(tmp_path):
     (registry.root / "state.json").write_text(json.dumps({"format": "other", "current": None, "previous": []}))
     with pytest.raises(RegistryError, match=r"state\.json: expected \{format: 'stejax-registry/1'"):
         registry.current()
+
+
+def test_a_torn_last_event_line_is_reported_ignored_and_appended_after(tmp_path):
+    a = copy_artifact("w4a4", tmp_path / "a")
+    b = copy_artifact("w8a8", tmp_path / "b")
+    registry = Registry(tmp_path / "registry")
+    registry.promote(a, estimator_dtypes=DTYPES)
+    log = registry.root / "events.jsonl"
+    before = registry.list()
+    with open(log, "ab") as f:
+        f.write(b'{"time": "2025')  # a crash mid-append
+    assert [e["event"] for e in registry.events()] == ["promote"]
+    assert registry.list() == before
+    assert registry.torn_tail() == f"{log}: line 2 (14 bytes, no newline) is torn, a write cut short; it is ignored."
+    registry.promote(b, estimator_dtypes=DTYPES)
+    lines = log.read_bytes().split(b"\n")
+    assert lines[1] == b'{"time": "2025' and json.loads(lines[2])["event"] == "torn"
+    assert json.loads(lines[2])["line"] == 2 and json.loads(lines[3])["event"] == "promote"
+    assert [e["event"] for e in registry.events()] == ["promote", "torn", "promote"]
+    assert registry.torn_tail() is None
+    assert [e.status for e in registry.list()] == ["previous", "current"]
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        (b'{"time": "2025\n', r"line 1: not valid JSON"),
+        (b"[1, 2]\n", r"line 1: expected a JSON object; got list"),
+        (b'{"event": "promote", "time": "t"}\n', r"line 1: 'id' must be a string; got None"),
+    ],
+)
+def test_a_malformed_complete_event_line_is_an_error_naming_the_line(tmp_path, line, message):
+    registry = Registry(tmp_path / "registry")
+    registry.root.mkdir()
+    (registry.root / "events.jsonl").write_bytes(line + b'{"event": "rollback", "time": "t", "id": "x"}\n')
+    with pytest.raises(RegistryError, match=r"events\.jsonl: " + message):
+        registry.list()

@@ -186,3 +186,42 @@ def test_an_artifact_with_a_changed_weight_fails_its_regression_set(tmp_path):
     assert not report.passed
     assert "recorded for artifact" in report.problems[0]
     assert {c.name for c in report.failures} >= {"standard_batch", "zeros"}
+
+
+def test_check_refuses_a_set_that_lacks_standard_cases(tmp_path):
+    root = copy_artifact("w4a4", tmp_path / "a")
+
+    def weaken(meta):
+        meta["cases"] = [c for c in meta["cases"] if c["name"] not in ("zeros", "boundary")]
+
+    _edit_set(root, edit_meta=weaken)
+    with pytest.raises(
+        ArtifactError,
+        match=r"regression\.json: the set lacks the standard case\(s\) \['zeros', 'boundary'\]; a set for this "
+        r"model holds \['standard_batch', 'single_example', 'zeros', 'normalizer_zero', 'boundary', 'invalid_shape'\]",
+    ):
+        check(root)
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda cases: cases[1].pop("name"), r"case entry 1 must be an object with a string 'name'; got \{"),
+        (lambda cases: cases.__setitem__(2, "zeros"), r"case entry 2 must be an object with a string 'name'; got 'z"),
+        (lambda cases: cases[0].__setitem__("error", {}), r"case entry 0 \('standard_batch'\): only 'invalid_shape'"),
+        (lambda cases: cases[-1]["error"].pop("type"), r"case entry 5 \('invalid_shape'\): 'error' must be an obj"),
+    ],
+)
+def test_check_names_a_malformed_case_entry(tmp_path, edit, message):
+    root = copy_artifact("w4a4", tmp_path / "a")
+    _edit_set(root, edit_meta=lambda meta: edit(meta["cases"]))
+    with pytest.raises(ArtifactError, match=r"regression\.json: " + message):
+        check(root)
+
+
+def test_check_fails_a_case_whose_outputs_are_missing(tmp_path):
+    root = copy_artifact("w4a4", tmp_path / "a")
+    _edit_set(root, edit_tensors=lambda t: {k: v for k, v in t.items() if k != "zeros/logits"})
+    report = check(root)
+    assert [c.name for c in report.failures] == ["zeros"]
+    assert report.failures[0].detail == "zeros: the set lacks its logits"

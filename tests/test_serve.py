@@ -21,6 +21,7 @@ import time
 
 import hypothesis.strategies as st
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -271,6 +272,10 @@ def test_mixed_load_compiles_nothing_and_every_answer_is_right(split, artifacts,
     assert compilations() == before
     assert split.metric("stejax_compilations_total") == metric_before
     assert split.metric("stejax_requests_total", 'status="200"') == requests_before + 8 * len(sizes)
+    # The counter does count: a fresh function compiled in this process (where the server runs) shows up.
+    assert int(jax.jit(lambda v: v * 3 + 1)(jnp.arange(5, dtype=jnp.int32))[4]) == 13
+    assert compilations() > before
+    assert split.metric("stejax_compilations_total") == metric_before + (compilations() - before)
     assert split.metric("stejax_request_latency_seconds_count") >= 8 * len(sizes)
 
 
@@ -305,6 +310,45 @@ def test_admin_endpoints_are_off_without_a_token(split):
 
 
 # ----------------------------------------------------------------------------- micro-batching
+
+
+@pytest.mark.parametrize(("wait_ms", "executions"), [(1000.0, 1), (0.0, 6)])
+def test_requests_arriving_one_by_one_are_gathered_within_the_wait(artifacts, reference, wait_ms, executions):
+    # Six requests announced together whose bodies arrive 40 ms apart: with a 1 s wait the
+    # first is held for the others (one execution of 6 rows in bucket 8); with no wait each goes alone.
+    passed = type("Passed", (), {"passed": True, "failures": ()})()
+    source = ArtifactSource(artifacts.a, gate=lambda path: passed)
+    service = Service(source, ServeConfig(buckets=(1, 8), max_rows=8, batch_wait_ms=wait_ms))
+    bodies = [json.dumps({"inputs": artifacts.x[i : i + 1].tolist()}).encode() for i in range(6)]
+
+    def slow_reader(i):
+        async def read() -> bytes:
+            await asyncio.sleep(0.04 * i)
+            return bodies[i]
+
+        return read
+
+    async def scenario():
+        await service.start()
+        try:
+            while not service.ready:
+                assert service.state != "failed", service.failure
+                await asyncio.sleep(0.02)
+            fill = service.metrics.batch_fill
+
+            def count():
+                return next(s.value for s in fill.collect()[0].samples if s.name.endswith("_count"))
+
+            before = count()
+            results = await asyncio.gather(*(service.predict(slow_reader(i), "application/json") for i in range(6)))
+            for i, (_, prediction) in enumerate(results):
+                assert prediction.bucket == (8 if executions == 1 else 1)
+                np.testing.assert_array_equal(prediction.logits, reference[7][0][i : i + 1])
+            assert count() == before + executions
+        finally:
+            await service.stop()
+
+    asyncio.run(scenario())
 
 
 def test_concurrent_requests_share_a_bucket_and_a_lone_one_does_not_wait(artifacts, reference):

@@ -143,6 +143,13 @@ def test_reload_needs_an_artifact_path(server, body):
     assert response.json() == {"error": 'admin/reload: expected {"artifact": "<artifact directory on the server>"}.'}
 
 
+def test_reload_refuses_an_oversized_body_with_413_like_predict(server):
+    body = json.dumps({"artifact": "x" * (64 * 1024)}).encode()
+    response = server.client.post("/admin/reload", content=body, headers=ADMIN)
+    assert response.status_code == 413
+    assert response.json() == {"error": f"admin/reload: body: {len(body)} bytes exceed the limit of 65536 bytes."}
+
+
 def test_tampered_refused_good_swapped_then_rolled_back_while_traffic_continues(server, artifacts, logits_of):
     version_a = server.service.live.version
     version_b = support.load(artifacts.b).version

@@ -423,6 +423,33 @@ def test_cli_asks_for_more_devices_than_there_are(tmp_path):
     assert result.exit_code == 2 and "--shard-params needs a mesh" in result.output
 
 
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ([], "--num-processes and --process-id missing"),
+        (["--num-processes", "2"], "--process-id missing"),
+        (["--process-id", "0"], "--num-processes missing"),
+        (["--num-processes", "2", "--process-id", "2"], "--process-id must be in 0..1 for --num-processes 2; got 2"),
+    ],
+)
+def test_cli_checks_the_coordinator_flags_before_initialising(tmp_path, monkeypatch, extra, message):
+    import jax
+    from click.testing import CliRunner
+
+    from stejax.cli import main as cli
+
+    def never(**kwargs):
+        raise AssertionError(f"jax.distributed.initialize called with {kwargs}")
+
+    monkeypatch.setattr(jax.distributed, "initialize", never)
+    args = ["train", "--preset", "float", "--coordinator", "127.0.0.1:1234", *extra, "--out", str(tmp_path / "r")]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 2 and message in " ".join(result.output.split()), result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    result = CliRunner().invoke(cli, ["train", "--preset", "float", "--coordinator", "127.0.0.1", "--out", "r"])
+    assert result.exit_code == 2 and "expected HOST:PORT" in " ".join(result.output.split()), result.output
+
+
 if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).parent))
     main()

@@ -340,6 +340,8 @@ def _data_mesh(config, devices, shard_params, debug_keys, coordinator, num_proce
     """The train command's device mesh (None: one device), after jax.distributed.initialize when asked."""
     if coordinator is None and (num_processes is not None or process_id is not None):
         raise click.UsageError("--num-processes and --process-id need --coordinator HOST:PORT.")
+    if coordinator is not None and coordinator != "auto":
+        _check_coordinator(coordinator, num_processes, process_id)
     if devices is None and coordinator is None:
         if shard_params:
             raise click.UsageError("--shard-params needs a mesh: give --devices N (or --coordinator).")
@@ -365,6 +367,29 @@ def _data_mesh(config, devices, shard_params, debug_keys, coordinator, num_proce
             param_hint="--devices",
         )
     return mesh
+
+
+def _check_coordinator(coordinator, num_processes, process_id):
+    """What jax.distributed.initialize needs with an explicit coordinator, checked before it is called."""
+    host, _, port = coordinator.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise click.BadParameter(
+            f"expected HOST:PORT (process 0's address, a port in 1..65535) or 'auto'; got {coordinator!r}.",
+            param_hint="--coordinator",
+        )
+    if num_processes is None or process_id is None:
+        missing = " and ".join(
+            flag for flag, value in (("--num-processes", num_processes), ("--process-id", process_id)) if value is None
+        )
+        raise click.UsageError(
+            f"--coordinator {coordinator} needs --num-processes N (how many processes) and --process-id I "
+            f"(this process's index, 0..N-1); {missing} missing. Use --coordinator auto on a cluster that "
+            "jax.distributed can detect."
+        )
+    if process_id >= num_processes:
+        raise click.UsageError(
+            f"--process-id must be in 0..{num_processes - 1} for --num-processes {num_processes}; got {process_id}."
+        )
 
 
 def _guarded(run):
@@ -1057,6 +1082,9 @@ def export_command(run_dir: Path, out: Path, parent: str | None) -> None:
     from stejax.artifacts import save_artifact
     from stejax.export import export_run
 
+    if out.exists() or out.is_symlink():
+        # Before minutes of export and parity: the artifact could not be written anyway.
+        raise click.ClickException(f"--out {out} exists; artifacts are never overwritten. Nothing was exported.")
     console = Console()
     result = _artifact_errors(lambda: export_run(run_dir, require_parity=False))
     console.print(_size_table(result.size))
@@ -1064,8 +1092,9 @@ def export_command(run_dir: Path, out: Path, parent: str | None) -> None:
     console.print(
         Text(
             f"weights {size.weight_bytes} B stored vs {size.float32_weight_bytes} B float32, "
-            f"scales {size.scale_bytes} B; file predicted {size.predicted_file_bytes} B, "
-            f"actual {size.actual_file_bytes} B ({'match' if size.matches else 'MISMATCH'})"
+            f"scales {size.scale_bytes} B; weights.safetensors predicted {size.predicted_file_bytes} B, "
+            f"actual {size.actual_file_bytes} B ({'match' if size.matches else 'MISMATCH'}); the artifact also "
+            f"ships parity.safetensors, {size.evidence_file_bytes} B of parity evidence (the test inputs)"
         )
     )
     console.print(_parity_table(result.parity))
@@ -1075,7 +1104,20 @@ def export_command(run_dir: Path, out: Path, parent: str | None) -> None:
     if not result.parity.passed:
         raise click.ClickException("parity failed; no artifact written.")
     artifact = _artifact_errors(lambda: save_artifact(result, out, parent=parent))
-    console.print(Text(f"artifact {artifact.id} written to {artifact.path.resolve()}"))
+    on_disk = artifact.file_bytes()
+    table = Table(title="artifact on disk")
+    for column in ("file", "bytes", "holds"):
+        table.add_column(column, justify="right" if column == "bytes" else "left")
+    holds = {
+        "weights.safetensors": "the integer weights and scales",
+        "parity.safetensors": "parity evidence: the test inputs, fake-quant logits, bounds",
+        "manifest.json": "contract, quantisation, hashes, metrics, verification",
+    }
+    for name, n in on_disk.items():
+        table.add_row(Text(name), Text(str(n)), Text(holds.get(name, "")))
+    console.print(table)
+    total = sum(on_disk.values())
+    console.print(Text(f"artifact {artifact.id} written to {artifact.path.resolve()}: {total} B on disk"))
 
 
 @main.group("artifact")
@@ -1148,10 +1190,16 @@ def artifact_current(registry_dir: Path) -> None:
 @artifact_group.command("list")
 @click.option("--registry", "registry_dir", type=click.Path(file_okay=False, path_type=Path), required=True)
 def artifact_list(registry_dir: Path) -> None:
-    """List the registry's artifacts: id, status, when promoted, preset, parent."""
+    """List the registry's artifacts: id, status, when promoted, preset, parent.
+
+    A torn last line of the event log (a crash mid-append) is named and ignored;
+    the state does not depend on the log.
+    """
     from stejax.artifacts import Registry
 
-    entries = _artifact_errors(lambda: Registry(registry_dir).list())
+    registry = Registry(registry_dir)
+    entries = _artifact_errors(registry.list)
+    torn = _artifact_errors(registry.torn_tail)
     table = Table(title=f"registry {registry_dir}")
     for column in ("id", "status", "promoted", "preset", "parent"):
         table.add_column(column)
@@ -1164,6 +1212,8 @@ def artifact_list(registry_dir: Path) -> None:
             Text(entry.parent[:12] if entry.parent else "-"),
         )
     Console().print(table)
+    if torn is not None:
+        Console().print(Text(f"note: {torn}"))
 
 
 @main.group("regress")

@@ -105,13 +105,24 @@ def tree_digest(root: Path) -> str:
     return h.hexdigest()
 
 
+def _event_problem(event: Any) -> str:
+    """Why ``event`` is not a well-formed event ("" when it is)."""
+    if not isinstance(event, dict):
+        return f"expected a JSON object; got {type(event).__name__}"
+    for key in ("event", "time") + (("id",) if event.get("event") == "promote" else ()):
+        if not isinstance(event.get(key), str):
+            return f"{key!r} must be a string; got {event.get(key)!r}"
+    return ""
+
+
 class Registry:
     """A directory of verified artifacts with one current, and the line to roll back along.
 
     Layout: ``ROOT/artifacts/<id>/`` (copies of promoted artifacts, with their
     regression sets), ``ROOT/state.json`` (``{"current": id, "previous": [ids]}``,
     replaced atomically), ``ROOT/events.jsonl`` (every promote, refusal and
-    rollback, appended and fsynced). Nothing is ever deleted. Operations that
+    rollback, appended and fsynced; a torn last line from a crash mid-append is
+    reported by :meth:`torn_tail` and ignored, any other bad line is an error). Nothing is ever deleted. Operations that
     change the state hold an exclusive ``flock`` on ``ROOT/.lock``; readers need
     none (the state file is replaced by a rename).
 
@@ -167,11 +178,59 @@ class Registry:
         return artifact
 
     def events(self) -> tuple[dict[str, Any], ...]:
-        """Every recorded event, oldest first."""
+        """Every recorded event, oldest first; a torn last line is left out (see :meth:`torn_tail`).
+
+        Raises:
+          RegistryError: a complete line of ``events.jsonl`` is not a JSON event
+            (the message names the file and the line).
+        """
+        return self._read_events()[0]
+
+    def torn_tail(self) -> str | None:
+        """A note on ``events.jsonl``'s torn last line, or None when the log ends with a complete line.
+
+        A last line without its newline is a write cut short (a crash mid-append).
+        It is ignored for reading: the registry's state lives in ``state.json``,
+        never in the log. The next append starts on a fresh line and first
+        records a ``torn`` event naming that line, so the fragment stays (nothing
+        is deleted) and is skipped from then on.
+        """
+        return self._read_events()[1]
+
+    def _read_events(self) -> tuple[tuple[dict[str, Any], ...], str | None]:
         path = self.root / EVENTS
         if not path.exists():
-            return ()
-        return tuple(json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip())
+            return (), None
+        pieces = path.read_bytes().split(b"\n")
+        tail = pieces.pop()  # empty when the log ends with a newline
+        torn = (
+            f"{path}: line {len(pieces) + 1} ({len(tail)} bytes, no newline) is torn, a write cut short; it is ignored."
+            if tail
+            else None
+        )
+        parsed: list[tuple[int, dict[str, Any] | None, str]] = []
+        for number, raw in enumerate(pieces, 1):
+            if not raw.strip():
+                continue
+            try:
+                event = json.loads(raw.decode("utf-8"))
+            except (UnicodeDecodeError, ValueError) as e:
+                parsed.append((number, None, f"not valid JSON ({e})"))
+                continue
+            problem = _event_problem(event)
+            parsed.append((number, None if problem else event, problem))
+        events = []
+        for i, (number, event, problem) in enumerate(parsed):
+            following = parsed[i + 1][1] if i + 1 < len(parsed) else None
+            if following is not None and following.get("event") == "torn" and following.get("line") == number:
+                continue  # a torn line, acknowledged by the append that came after it
+            if event is None:
+                raise RegistryError(
+                    f"{path}: line {number}: {problem}; expected one JSON object per line with string 'event' and "
+                    "'time' (and 'id' for a promote)."
+                )
+            events.append(event)
+        return tuple(events), torn
 
     def list(self) -> tuple[RegistryEntry, ...]:
         """Every stored artifact, in the order first promoted."""
@@ -229,8 +288,16 @@ class Registry:
         fsync_dir(self.root)
 
     def _log(self, event: dict[str, Any]) -> None:
-        with open(self.root / EVENTS, "ab") as f:
-            f.write((json.dumps({"time": _now(), **event}) + "\n").encode())
+        with open(self.root / EVENTS, "a+b") as f:
+            f.seek(0)
+            log = f.read()
+            lines = [{"time": _now(), **event}]
+            if log and not log.endswith(b"\n"):
+                # A torn last line: start afresh and say which line it was, so readers skip it.
+                tail = len(log) - log.rfind(b"\n") - 1
+                torn = {"time": _now(), "event": "torn", "line": log.count(b"\n") + 1, "bytes": tail}
+                lines.insert(0, torn)
+            f.write(("\n" if len(lines) > 1 else "").encode() + "".join(json.dumps(e) + "\n" for e in lines).encode())
             f.flush()
             os.fsync(f.fileno())
 

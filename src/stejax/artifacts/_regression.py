@@ -249,6 +249,48 @@ def _invalid_shape(art: Artifact) -> tuple[np.ndarray, dict[str, str]]:
     )
 
 
+def standard_cases(art: Artifact) -> tuple[str, ...]:
+    """The case names :func:`record` writes for ``art``'s model, in order; :func:`check` demands all of them.
+
+    ``boundary`` is written exactly when the first layer rounds its input (its
+    search always yields at least one row, the training mean, then).
+    """
+    layer = art.model.layers[0]
+    boundary = ("boundary",) if layer.inputs.method in ("lsq", "round_no_ste") else ()
+    return ("standard_batch", "single_example", "zeros", "normalizer_zero", *boundary, "invalid_shape")
+
+
+def _case_entries(meta: dict[str, Any], where: Path, expected: tuple[str, ...]) -> list[dict[str, Any]]:
+    """The set's case entries, each checked for shape, refusing a set that lacks a standard case."""
+    cases = meta.get("cases")
+    if not isinstance(cases, list):
+        raise ArtifactError(f"{where}: 'cases' must be a list of case entries; got {cases!r}.")
+    for i, entry in enumerate(cases):
+        if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
+            raise ArtifactError(f"{where}: case entry {i} must be an object with a string 'name'; got {entry!r}.")
+        if ("error" in entry) != (entry["name"] == "invalid_shape"):
+            raise ArtifactError(
+                f"{where}: case entry {i} ({entry['name']!r}): only 'invalid_shape' records an 'error', and it must; "
+                f"got {entry!r}."
+            )
+        error = entry.get("error")
+        if "error" in entry and not (
+            isinstance(error, dict) and isinstance(error.get("type"), str) and isinstance(error.get("message"), str)
+        ):
+            raise ArtifactError(
+                f"{where}: case entry {i} ({entry['name']!r}): 'error' must be an object with string 'type' and "
+                f"'message'; got {error!r}."
+            )
+    names = [entry["name"] for entry in cases]
+    missing = [name for name in expected if name not in names]
+    if missing:
+        raise ArtifactError(
+            f"{where}: the set lacks the standard case(s) {missing}; a set for this model holds {list(expected)} "
+            f"(it has {names}). Record a full set with `stejax regress record`."
+        )
+    return cases
+
+
 def record(path: str | os.PathLike) -> Path:
     """Record the regression set of the artifact at ``path`` into ``path/regression/`` (atomically).
 
@@ -277,7 +319,7 @@ def record(path: str | os.PathLike) -> Path:
         ("zeros", np.zeros((1, *art.model.input_shape), np.float32), None),
         ("normalizer_zero", mean[None, :], None),
     ]
-    if boundary.shape[0]:
+    if "boundary" in standard_cases(art):
         cases.append(("boundary", boundary, None))
     tensors: dict[str, np.ndarray] = {}
     entries = []
@@ -388,7 +430,7 @@ def check(path: str | os.PathLike, *, regression: str | os.PathLike | None = Non
     differences = {k: (recorded_env.get(k, "?"), here[k]) for k in _COMPARED if recorded_env.get(k) != here[k]}
     apply = art.model.compiled_apply
     results = []
-    for entry in meta.get("cases", []):
+    for entry in _case_entries(meta, root / SET_JSON, standard_cases(art)):
         name = entry["name"]
         x = tensors.get(f"{name}/inputs")
         if x is None:
@@ -396,6 +438,10 @@ def check(path: str | os.PathLike, *, regression: str | os.PathLike | None = Non
             continue
         if "error" in entry:
             results.append(_check_error(apply, art, x, entry["error"]))
+            continue
+        lacking = [k for k in ("logits", "classes") if f"{name}/{k}" not in tensors]
+        if lacking:
+            results.append(CaseResult(name, False, f"{name}: the set lacks its {' and '.join(lacking)}"))
             continue
         try:
             logits = np.asarray(apply(art.model.weights, jnp.asarray(x)))

@@ -22,7 +22,7 @@ import numpy as np
 from stejax.export import ExportedModel, ExportResult, ParitySet, _safetensors
 from stejax.export._configs import model_config_from_dict
 from stejax.export._convert import layer_specs
-from stejax.export._export import WEIGHTS_FORMAT
+from stejax.export._export import WEIGHTS_FORMAT, encode_evidence
 from stejax.export._model import LayerSpec, tensor_table, unflatten_weights
 from stejax.model import preset
 
@@ -75,6 +75,19 @@ class Artifact:
     @property
     def short_id(self) -> str:
         return self.id[:12]
+
+    def file_bytes(self) -> dict[str, int]:
+        """Every file under the artifact's directory and its size in bytes, by path relative to it.
+
+        The whole artifact as it sits on disk: ``weights.safetensors``,
+        ``parity.safetensors`` (the parity evidence, usually many times the
+        weights), ``manifest.json``, and the regression set's files once recorded.
+        """
+        return {
+            str(p.relative_to(self.path)): p.lstat().st_size
+            for p in sorted(self.path.rglob("*"), key=lambda p: (len(p.relative_to(self.path).parts), str(p)))
+            if p.is_file() and not p.is_symlink()
+        }
 
 
 def environment() -> dict[str, str]:
@@ -238,6 +251,11 @@ def save_artifact(
                 f"save_artifact: {WEIGHTS_FILE} is {on_disk} bytes on disk; the size report predicted "
                 f"{result.size.predicted_file_bytes}."
             )
+        if len(evidence) != result.size.evidence_file_bytes:
+            raise ArtifactError(
+                f"save_artifact: {PARITY_FILE} is {len(evidence)} bytes; the size report says "
+                f"{result.size.evidence_file_bytes}."
+            )
         files = {
             name: {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data), "role": role}
             for name, data, role in (
@@ -265,10 +283,6 @@ def save_artifact(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return load_artifact(out)
-
-
-def encode_evidence(evidence: ParitySet) -> bytes:
-    return _safetensors.encode(evidence.tensors(), {"format": "stejax-parity/1"})
 
 
 # ------------------------------------------------------------------------------ load

@@ -195,6 +195,8 @@ def _estimator_lines(suite: Mapping[str, Any]) -> list[str]:
         vs_fused = g["ratios"].get("ours/fused", {}).get("p50")
         info = g["info"]
         met = f"sg {_yes(info['meets_stop_gradient_target'])}, fused {_yes(info['meets_fused_target'])}"
+        if info.get("status") == "failed":
+            met = "**FAILED**: gradients differ"
         diff = max(info["max_grad_diff"].values()) if info["max_grad_diff"] else 0.0
         compiles = "/".join(
             f"{sum(m[k] for m in g['variants'].values())}" for k in ("compiles_warmup", "compiles_timed")

@@ -12,6 +12,7 @@ is re-run under ``jax.debug_nans`` to name the operation that made it.
 """
 
 from stejax.diagnose._compare import TOLERANCES as TOLERANCES
+from stejax.diagnose._diagnose import MAX_GRAD_NORM as MAX_GRAD_NORM
 from stejax.diagnose._diagnose import diagnose as diagnose
 from stejax.diagnose._pipeline import Pipeline as Pipeline
 from stejax.diagnose._pipeline import load_pipeline as load_pipeline

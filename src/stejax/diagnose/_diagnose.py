@@ -13,22 +13,29 @@ import numpy as np
 
 from stejax import keys
 from stejax.diagnose._compare import TOLERANCES, compare_trees, first_nonfinite
+from stejax.diagnose._key_origin import constant_keys
 from stejax.diagnose._nans import nan_origin
 from stejax.diagnose._pipeline import Pipeline
 from stejax.diagnose._report import FAILED, NOT_RUN, PASSED, STAGES, Report, StageResult
 
-__all__ = ["diagnose"]
+__all__ = ["MAX_GRAD_NORM", "diagnose"]
 
 # How many identical replicas the vmap and grad stages map over.
 _REPLICAS = 2
 
 _WHAT = {
     "data": "the batch: a pair (inputs, labels), every input finite, labels within the classes",
-    "keys": "the key stream: forward and loss run eagerly under stejax.keys.checked(); no key consumed twice",
+    "keys": (
+        "the key stream: forward and loss run eagerly under stejax.keys.checked(); no key consumed twice; "
+        "traced, no key made from constants (every key comes from the pipeline's key)"
+    ),
     "shapes": "shapes and dtypes against the contract: inputs, labels, logits (N, n_classes), a scalar loss",
     "forward": "eager forward (jit disabled): it runs and the logits are finite",
     "loss": "eager loss: it runs and the value is finite",
-    "gradients": "eager jax.grad of the loss: finite, the same tree, shapes and dtypes as the parameters",
+    "gradients": (
+        "eager jax.grad of the loss: finite, global norm within max_grad_norm * max(1, parameter norm), "
+        "the same tree, shapes and dtypes as the parameters"
+    ),
     "update": "eager update(params, grads): finite, the same tree, shapes and dtypes as the parameters",
     "jit": "jax.jit of forward, loss and update against the eager results, leaf by leaf",
     "vmap": f"jax.jit(jax.vmap(...)) of forward, loss and update over {_REPLICAS} identical replicas",
@@ -46,9 +53,10 @@ class _Outcome:
 class _State:
     """What one diagnose run has computed so far (private, filled stage by stage)."""
 
-    def __init__(self, pipeline: Pipeline, examples: int):
+    def __init__(self, pipeline: Pipeline, examples: int, max_grad_norm: float):
         self.pipeline = pipeline
         self.examples = examples
+        self.max_grad_norm = max_grad_norm
         self.x: Any = None
         self.y: Any = None
         self.k_forward: jax.Array | None = None
@@ -71,7 +79,14 @@ class _State:
         return self.pipeline.update(params, grads)
 
 
-def diagnose(pipeline: Pipeline, *, examples: int = 2) -> Report:
+# The gradient's global L2 norm may be at most this many times max(1, the
+# parameters' global L2 norm). A healthy step's gradient is within a few orders of
+# magnitude of the parameters; 1e6 times them is an explosion that a step of any
+# usual learning rate turns into garbage parameters, while it is still finite.
+MAX_GRAD_NORM = 1e6
+
+
+def diagnose(pipeline: Pipeline, *, examples: int = 2, max_grad_norm: float = MAX_GRAD_NORM) -> Report:
     """Find the first stage at which a training pipeline goes wrong.
 
     The stages run in this order on the first ``examples`` examples of the batch
@@ -83,7 +98,11 @@ def diagnose(pipeline: Pipeline, *, examples: int = 2) -> Report:
     ``keys``
       ``pipeline.key`` is a typed key; forward and loss run eagerly (jit disabled)
       under :func:`stejax.keys.checked`, whose ledger and JAX's own key-reuse check
-      refuse any key consumed twice;
+      refuse any key consumed twice; and forward and loss, traced with the
+      pipeline's keys, make no key from constants (a ``random_seed`` or
+      ``random_wrap`` whose operands depend on no argument, such as
+      ``jax.random.key(0)`` inside forward, or a key closed over from outside):
+      keys must come from the pipeline's key;
     ``shapes``
       inputs and labels against the contract (:class:`stejax.model.InputContract`,
       or the first example's shape and dtype), logits ``(N, n_classes)`` and a
@@ -91,7 +110,10 @@ def diagnose(pipeline: Pipeline, *, examples: int = 2) -> Report:
     ``forward``, ``loss``, ``gradients``, ``update``
       the eager results (``jax.disable_jit``) are finite, and the gradient and the
       updated parameters have the tree structure, shapes and dtypes of the
-      parameters;
+      parameters; the gradient's global L2 norm is at most
+      ``max_grad_norm * max(1, global L2 norm of the parameters)`` (a finite
+      explosion fails too, naming the norm, the bound and the leaf with the
+      largest norm);
     ``jit``, ``vmap``, ``grad``
       the transformations are added back one at a time (``jit``; then ``jit`` of
       ``vmap`` over identical replicas; then ``jit`` of ``grad`` and of ``vmap`` of
@@ -108,6 +130,9 @@ def diagnose(pipeline: Pipeline, *, examples: int = 2) -> Report:
     Args:
       pipeline: the :class:`Pipeline`.
       examples: how many examples of the batch the stages run on, >= 1 (default 2).
+      max_grad_norm: the bound on the gradient's global norm, relative to
+        ``max(1, global norm of the parameters)``, > 0 (default
+        :data:`MAX_GRAD_NORM`, 1e6).
 
     Returns:
       The :class:`Report`.
@@ -133,7 +158,9 @@ def diagnose(pipeline: Pipeline, *, examples: int = 2) -> Report:
         raise ValueError(f"diagnose: examples must be an int >= 1; got {examples!r}.")
     if not isinstance(pipeline, Pipeline):
         raise TypeError(f"diagnose: expected a stejax.diagnose.Pipeline; got {type(pipeline).__name__}.")
-    state = _State(pipeline, examples)
+    if isinstance(max_grad_norm, bool) or not isinstance(max_grad_norm, int | float) or not max_grad_norm > 0:
+        raise ValueError(f"diagnose: max_grad_norm must be a number > 0; got {max_grad_norm!r}.")
+    state = _State(pipeline, examples, float(max_grad_norm))
     checks = {
         "data": _data,
         "keys": _keys,
@@ -256,13 +283,41 @@ def _keys(state: _State) -> _Outcome:
         except Exception as error:
             state.loss_error = error
             stopped.append(f"loss stopped with {type(error).__name__}")
+    made = _made_keys(state)
+    if made:
+        return made
     why = (
         f"no key consumed twice in eager forward and loss ({len(ledger)} key(s) in stejax's ledger; "
-        "JAX's key-reuse check on)"
+        "JAX's key-reuse check on); no key made from constants"
     )
     if stopped:
         why += f"; proven only up to where {' and '.join(stopped)} (examined at its stage below)"
     return _Outcome(True, why + ".")
+
+
+def _made_keys(state: _State) -> _Outcome | None:
+    """A failure if forward or loss, traced with the pipeline's keys, builds a key from constants."""
+    params, x, y = state.pipeline.params, state.x, state.y
+    traced = {
+        "forward": (state.forward, (params, x, state.k_forward), state.forward_error),
+        "loss": (state.loss, (params, x, y, state.k_loss), state.loss_error),
+    }
+    for name, (fn, args, error) in traced.items():
+        if error is not None:  # it does not run: its own stage says why
+            continue
+        try:
+            found = constant_keys(fn, *args)
+        except Exception:  # it does not trace: the jit stage says why
+            continue
+        if found:
+            return _Outcome(
+                False,
+                f"{name} makes its own PRNG key from constants instead of using the key it is given: "
+                f"{'; '.join(found)}. Such a key draws the same randomness (the same dropout mask) at every "
+                f"step; keys must come from the pipeline's key: use the `key` argument, split with "
+                "stejax.keys.split for each random operation.",
+            )
+    return None
 
 
 def _reuse(where: str, error: BaseException) -> _Outcome:
@@ -318,8 +373,15 @@ def _shapes(state: _State) -> _Outcome:
         found.append(f"logits {tuple(logits.shape)} {logits.dtype}")
     if state.loss_value is not None:
         value = state.loss_value
-        if not isinstance(value, jax.Array | np.ndarray) or np.shape(value) != ():
-            return _Outcome(False, f"loss must return a scalar; got shape {np.shape(value)}.")
+        if not isinstance(value, jax.Array | np.ndarray):
+            return _Outcome(
+                False,
+                f"loss must return a JAX or NumPy array scalar (shape (), a floating dtype); got a "
+                f"{type(value).__module__}.{type(value).__qualname__} ({value!r:.80}): build the loss with jnp "
+                "so that jax.grad can differentiate it.",
+            )
+        if np.shape(value) != ():
+            return _Outcome(False, f"loss must return a scalar array of shape (); got shape {np.shape(value)}.")
         if not jnp.issubdtype(value.dtype, jnp.floating):
             return _Outcome(False, f"loss must be floating point; got dtype {value.dtype}.")
         found.append(f"loss () {value.dtype}")
@@ -386,8 +448,27 @@ def _gradients(state: _State) -> _Outcome:
             "or divides by zero (an exploding surrogate derivative, sqrt or log at 0).",
             grads,
         )
-    norm = float(jnp.sqrt(sum(jnp.sum(jnp.square(g.astype(jnp.float32))) for g in jax.tree.leaves(state.grads))))
-    return _Outcome(True, f"gradient finite, global norm {norm:.4g}; tree, shapes and dtypes as the parameters.")
+    leaf_norms = [
+        (jax.tree_util.keystr(path), _norm(g)) for path, g in jax.tree_util.tree_flatten_with_path(state.grads)[0]
+    ]
+    norm = float(np.sqrt(sum(n**2 for _, n in leaf_norms)))
+    params_norm = float(np.sqrt(sum(_norm(p) ** 2 for p in jax.tree.leaves(params))))
+    bound = state.max_grad_norm * max(1.0, params_norm)
+    if not norm <= bound:
+        leaf, largest = max(leaf_norms, key=lambda item: item[1])
+        return _Outcome(
+            False,
+            f"the gradient explodes: global norm {norm:.4g} exceeds the bound {bound:.4g} "
+            f"(max_grad_norm {state.max_grad_norm:g} * max(1, parameter norm {params_norm:.4g})); the largest "
+            f"leaf is grads{leaf} with norm {largest:.4g}. The loss ({float(state.loss_value):.6g}) is finite: "
+            "look at the backward pass through that leaf (a surrogate derivative too steep, a division by a "
+            "small value).",
+        )
+    return _Outcome(
+        True,
+        f"gradient finite, global norm {norm:.4g} within the bound {bound:.4g}; tree, shapes and dtypes as the "
+        "parameters.",
+    )
 
 
 def _update(state: _State) -> _Outcome:
@@ -575,6 +656,14 @@ def _params_note(params: Any) -> str:
     if bad is None:
         return ", from finite inputs and parameters"
     return f"; the parameters were non-finite before forward ran: {bad}"
+
+
+def _norm(a: Any) -> float:
+    """The L2 norm of one floating leaf, in float64 (a float32 sum of squares overflows near 1e19)."""
+    a = np.asarray(a)
+    if not np.issubdtype(a.dtype, np.inexact):
+        return 0.0
+    return float(np.linalg.norm(a.astype(np.float64).ravel()))
 
 
 def _range(a: Any) -> str:

@@ -18,7 +18,7 @@ from stejax.export._parity import ParityReport, ParitySet, parity
 from stejax.export._size import SizeReport, size_report
 from stejax.model import input_contract, output_contract
 
-__all__ = ["WEIGHTS_FORMAT", "ExportResult", "ParityError", "encode_weights", "export_run"]
+__all__ = ["WEIGHTS_FORMAT", "ExportResult", "ParityError", "encode_evidence", "encode_weights", "export_run"]
 
 WEIGHTS_FORMAT = "stejax-exported-weights/1"
 
@@ -55,6 +55,11 @@ class ExportResult:
     contract: dict[str, Any]
     quantization: dict[str, Any]
     training: dict[str, Any]
+
+
+def encode_evidence(evidence: ParitySet) -> bytes:
+    """``parity.safetensors``: the parity set's tensors."""
+    return _safetensors.encode(evidence.tensors(), {"format": "stejax-parity/1"})
 
 
 def encode_weights(model: ExportedModel) -> tuple[bytes, dict[str, str]]:
@@ -140,7 +145,8 @@ def export_run(
     if require_parity and not report.passed:
         raise ParityError(f"export_run: {run_dir}: {report.summary()}", report)
     weights_file, metadata = encode_weights(model)
-    sizes = size_report(model, weights_file, metadata)
+    evidence_file = encode_evidence(evidence)
+    sizes = size_report(model, weights_file, metadata, evidence_file)
     contract = model_contract(
         model,
         model_config_to_dict(run.model_config),

@@ -1,4 +1,5 @@
-"""The size report: bytes stored per layer against float32, and the file size predicted from the formats."""
+"""The size report: bytes stored per layer against float32, the weight file's size predicted from the formats,
+and the parity evidence the artifact ships beside it."""
 
 from __future__ import annotations
 
@@ -55,7 +56,11 @@ class LayerSize:
 
 @dataclasses.dataclass(frozen=True)
 class SizeReport:
-    """The weight file's size, layer by layer and in all.
+    """The weight file's size, layer by layer and in all, and the parity evidence's.
+
+    An artifact holds more than the weights: ``parity.safetensors`` (the test
+    inputs, their fake-quantised logits and bounds, kept so the gate can re-check
+    parity) is usually many times the weight file; see :attr:`evidence_file_bytes`.
 
     Attributes:
       layers: one :class:`LayerSize` per layer.
@@ -64,6 +69,8 @@ class SizeReport:
       predicted_file_bytes: the file size predicted from the formats alone
         (shapes, containers, the header the writer will emit).
       actual_file_bytes: the size of the bytes actually encoded (or written).
+      evidence_file_bytes: the size of the encoded parity evidence
+        (``parity.safetensors``), shipped in the artifact beside the weights.
     """
 
     layers: tuple[LayerSize, ...]
@@ -71,6 +78,7 @@ class SizeReport:
     header_bytes: int
     predicted_file_bytes: int
     actual_file_bytes: int
+    evidence_file_bytes: int
 
     @property
     def matches(self) -> bool:
@@ -99,6 +107,7 @@ class SizeReport:
             "predicted_file_bytes": self.predicted_file_bytes,
             "actual_file_bytes": self.actual_file_bytes,
             "matches": self.matches,
+            "evidence_file_bytes": self.evidence_file_bytes,
         }
 
 
@@ -126,8 +135,8 @@ def _layer_size(index: int, layer: LayerSpec, table: dict[str, tuple[tuple[int, 
     )
 
 
-def size_report(model: ExportedModel, encoded: bytes, metadata: dict[str, str]) -> SizeReport:
-    """The :class:`SizeReport` of ``model``, with ``encoded`` the weight file's bytes.
+def size_report(model: ExportedModel, encoded: bytes, metadata: dict[str, str], evidence: bytes) -> SizeReport:
+    """The :class:`SizeReport` of ``model``, with ``encoded`` the weight file's bytes and ``evidence`` the parity's.
 
     The prediction uses the model's formats only (its tensor table and the header
     the writer emits for it), never the encoded bytes.
@@ -141,4 +150,5 @@ def size_report(model: ExportedModel, encoded: bytes, metadata: dict[str, str]) 
         header_bytes=header,
         predicted_file_bytes=_safetensors.file_size(plain, metadata),
         actual_file_bytes=len(encoded),
+        evidence_file_bytes=len(evidence),
     )

@@ -163,7 +163,13 @@ class QuantLinear(_Quantised):
         )
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        """``x``: ``(..., in_features)``, at least one leading (batch) axis. Returns ``(..., out_features)``."""
+        """``x``: ``(..., in_features)``, or one example ``(in_features,)`` as for ``nnx.Linear``.
+
+        Returns ``(..., out_features)`` (``(out_features,)`` for one example).
+        """
+        if jnp.ndim(x) == 1:
+            # One example: the quantisers see it as a batch of one, as for (1, in_features).
+            return self(x[None])[0]
         a, w = self._operands(x, max(x.ndim, 2), "QuantLinear")
         y = jax.lax.dot_general(a, w, (((a.ndim - 1,), (0,)), ((), ())), precision=self.precision)
         return self._add_bias(y)
@@ -402,11 +408,22 @@ def _per_axis(value: Any, nd: int, name: str) -> tuple[int, ...]:
 def _padding(padding: Any, nd: int) -> str | tuple[tuple[int, int], ...]:
     if isinstance(padding, str):
         if padding.upper() not in ("SAME", "VALID"):
-            raise ValueError(f"QuantConv: padding must be 'SAME', 'VALID', an int or pairs; got {padding!r}.")
+            raise ValueError(
+                "QuantConv: padding must be 'SAME', 'VALID', an int or per-axis pairs (nnx.Conv's 'CIRCULAR', "
+                f"'CAUSAL' and 'REFLECT' are not supported); got {padding!r}."
+            )
         return padding.upper()
-    if isinstance(padding, int):
+    # The forms nnx.Conv takes: an int for every side, or per spatial axis an int or a (low, high) pair.
+    if isinstance(padding, int) and not isinstance(padding, bool):
         return ((padding, padding),) * nd
-    pairs = tuple(tuple(p) for p in padding)
-    if len(pairs) != nd or any(len(p) != 2 for p in pairs):
-        raise ValueError(f"QuantConv: padding needs one (low, high) pair per spatial axis ({nd}); got {padding!r}.")
+    pairs = None
+    if isinstance(padding, Sequence) and len(padding) == nd:
+        pairs = tuple((p, p) if isinstance(p, int) else tuple(p) if isinstance(p, Sequence) else None for p in padding)
+    if pairs is None or any(
+        p is None or len(p) != 2 or any(isinstance(v, bool) or not isinstance(v, int) for v in p) for p in pairs
+    ):
+        raise ValueError(
+            f"QuantConv: padding must be 'SAME', 'VALID', an int, or per spatial axis ({nd}) an int or a "
+            f"(low, high) pair of ints; got {padding!r}."
+        )
     return pairs

@@ -26,6 +26,10 @@ __all__ = ["create_app"]
 logger = logging.getLogger("stejax.serve")
 
 
+# An admin reload body is one short JSON object naming a directory.
+_ADMIN_BODY_BYTES = 64 * 1024
+
+
 def _error(status: int, message: str, **headers: str) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status, headers=headers or None)
 
@@ -168,8 +172,12 @@ def _admin_routes(service: Service, token: bytes) -> list[Route]:
         if not authorized(request):
             return refused_auth()
         try:
-            document = json.loads(await _read_body(request, 64 * 1024))
-        except (ValueError, RecursionError, RequestError):
+            body = await _read_body(request, _ADMIN_BODY_BYTES)
+        except RequestError as error:  # too large (413) or a bad Content-Length (400), as for predict
+            return _error(error.status, f"admin/reload: {error}")
+        try:
+            document = json.loads(body)
+        except (ValueError, RecursionError):
             document = None
         path = document.get("artifact") if isinstance(document, dict) else None
         if not isinstance(path, str) or not path:
