@@ -138,3 +138,17 @@ def test_diagnose_a_run_directory_uses_its_reference_pipeline(runner, tmp_path, 
 def test_diagnose_usage_errors(runner, args, message):
     result = runner.invoke(main, ["diagnose", *args])
     assert result.exit_code == 2 and message in result.output, result.output
+
+
+def test_bench_exits_1_when_an_estimators_forms_compute_different_gradients(runner, tmp_path, monkeypatch):
+    import stejax.bench._estimators as estimators_module
+
+    def wrong_form(entry, x, args, key, call, partial_x):
+        sg = jax.lax.stop_gradient
+        return "planted", lambda x, args, key: sg(call(entry.forward, x, args, key)) + 2.0 * (x - sg(x))
+
+    monkeypatch.setattr(estimators_module, "stop_gradient_form", wrong_form)
+    args = ["bench", "--suite", "estimators", "--estimator", "round_ste", "--quick", "--out", str(tmp_path)]
+    result = runner.invoke(main, args)
+    assert result.exit_code == 1, result.output
+    assert "FAILED: gradients of the compared forms differ for round_ste" in result.output

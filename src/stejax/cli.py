@@ -883,7 +883,7 @@ def bench_command(
     Every call is waited for (block_until_ready) and repeated in interleaved
     rounds; the report gives min, p50, p90, p99 and max, compile counts, ratios
     of interleaved runs, the machine and the versions, in OUT/bench.json,
-    OUT/bench.md and OUT/bench.png. Exit 1 if a suite fails.
+    OUT/bench.md and OUT/bench.png. Exit 1 if a suite fails or an estimator's forms compute different gradients.
     """
     from stejax.bench import BenchSettings, run_bench
 
@@ -904,7 +904,14 @@ def bench_command(
         for note in suite.get("notes", []):
             console.print(Text(f"  note: {note}"))
     console.print(Text(f"{report['wall_seconds']:.1f} s; report: {(out / 'bench.md').resolve()}"))
-    if any(s["status"] == "error" for s in report["suites"].values()):
+    disagree = [
+        g["name"]
+        for g in report["suites"].get("estimators", {}).get("groups", [])
+        if g.get("info", {}).get("status") == "failed"
+    ]
+    if disagree:
+        console.print(Text(f"FAILED: gradients of the compared forms differ for {', '.join(disagree)}"))
+    if disagree or any(s["status"] == "error" for s in report["suites"].values()):
         raise SystemExit(1)
 
 
