@@ -14,6 +14,7 @@ from jax import lax
 
 from stejax.estimators.uniform import lsq_levels
 from stejax.export._packing import CONTAINERS, container_for, packed_shape, unpack_codes
+from stejax.model._spec import Layer
 
 __all__ = ["ExportedModel", "InputFormat", "LayerSpec", "ModelSpec", "WeightFormat"]
 
@@ -100,25 +101,19 @@ class InputFormat:
         return dataclasses.asdict(self)
 
 
-@dataclasses.dataclass(frozen=True)
-class LayerSpec:
-    """One exported layer.
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LayerSpec(Layer):
+    """One exported layer: the model's layer geometry plus how it is stored and run.
 
     Attributes:
-      kind: ``"dense"`` or ``"conv"`` (a ``"SAME"`` convolution, NHWC/HWIO).
-      in_shape: one example's input: ``(F,)`` or ``(H, W, C)``.
-      w_shape: the weight's shape, ``(in, out)`` or ``(k, k, in, out)``.
-      stride: the convolution's stride (1 for dense).
+      kind, in_shape, w_shape, stride: the layer's geometry, as
+        the model describes it (a conv is ``"SAME"``, NHWC/HWIO).
       relu: whether a ReLU turns the previous layer's output into this input
         (False for the first layer and for sign inputs, whose sign replaces it).
       weights: the :class:`WeightFormat`.
       inputs: the :class:`InputFormat`.
     """
 
-    kind: str
-    in_shape: tuple[int, ...]
-    w_shape: tuple[int, ...]
-    stride: int
     relu: bool
     weights: WeightFormat
     inputs: InputFormat
@@ -132,14 +127,6 @@ class LayerSpec:
                 f"LayerSpec: a {self.kind} layer needs an input of rank {rank[0]} and a weight of rank {rank[1]} "
                 f"whose input axis matches; got in_shape {self.in_shape} and w_shape {self.w_shape}."
             )
-
-    @property
-    def fan_in(self) -> int:
-        return math.prod(self.w_shape[:-1])
-
-    @property
-    def out_channels(self) -> int:
-        return self.w_shape[-1]
 
     @property
     def integer(self) -> bool:
