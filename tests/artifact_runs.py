@@ -13,8 +13,12 @@ import dataclasses
 import functools
 import hashlib
 import json
+import os
 import shutil
+import signal
 import struct
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -99,3 +103,20 @@ def rewrite_header(path: Path, edit) -> None:
     text = json.dumps(edit(header)).encode()
     text += b" " * ((-(8 + len(text))) % 8)
     path.write_bytes(struct.pack("<Q", len(text)) + text + data[8 + n :])
+
+
+def kill_at(script: str, args: list[str], marker: str) -> None:
+    """Run ``python -c script *args`` and SIGKILL it as soon as it prints a line starting with ``marker``."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith(marker), proc.stderr.read() if not line else line
+        os.kill(proc.pid, signal.SIGKILL)
+        assert proc.wait(timeout=30) == -signal.SIGKILL
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.stdout.close()
+        proc.stderr.close()

@@ -12,10 +12,7 @@ import hashlib
 import json
 import os
 import pickle  # only to write the hostile file the loader must refuse
-import signal
 import struct
-import subprocess
-import sys
 import textwrap
 
 import jax
@@ -23,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from artifact_runs import copy_artifact, exported, pristine, resign, rewrite_header, run_dir, splits
+from artifact_runs import copy_artifact, exported, kill_at, pristine, resign, rewrite_header, run_dir, splits
 from stejax.artifacts import ArtifactError, gate, load_artifact, manifest_digest, save_artifact
 from stejax.artifacts import _store as store_module
 from stejax.export import _safetensors
@@ -291,22 +288,7 @@ _KILLED_SAVE = textwrap.dedent(
 
 def test_a_save_killed_part_way_leaves_the_current_artifact_loadable(tmp_path):
     current = copy_artifact("w4a4", tmp_path / "current")
-    proc = subprocess.Popen(
-        [sys.executable, "-c", _KILLED_SAVE, str(run_dir("w8a8")), str(tmp_path / "next")],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        line = proc.stdout.readline()
-        assert line.startswith("WROTE weights.safetensors"), proc.stderr.read() if not line else line
-        os.kill(proc.pid, signal.SIGKILL)
-        assert proc.wait(timeout=30) == -signal.SIGKILL
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.stdout.close()
-        proc.stderr.close()
+    kill_at(_KILLED_SAVE, [str(run_dir("w8a8")), str(tmp_path / "next")], "WROTE weights.safetensors")
     # Nothing half-written under the target name; the partial directory is hidden beside it.
     assert not (tmp_path / "next").exists()
     leftovers = [p.name for p in tmp_path.iterdir() if p.name.startswith(".next.save-partial-")]

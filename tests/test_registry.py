@@ -3,15 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 import textwrap
 
 import pytest
 
-from artifact_runs import copy_artifact, pristine, resign
+from artifact_runs import copy_artifact, kill_at, pristine, resign
 from stejax.artifacts import ArtifactError, Registry, RegistryError, estimators_used, gate, load_artifact
 from stejax.export import _safetensors
 
@@ -175,22 +171,7 @@ def test_a_promote_killed_part_way_leaves_the_current_artifact_loadable_and_veri
     registry = Registry(tmp_path / "registry")
     current = registry.promote(copy_artifact("w4a4", tmp_path / "a"), estimator_dtypes=DTYPES).artifact
     candidate = copy_artifact("w8a8", tmp_path / "b")
-    proc = subprocess.Popen(
-        [sys.executable, "-c", _KILLED_PROMOTE, str(registry.root), str(candidate)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        line = proc.stdout.readline()
-        assert line.startswith("COPIED"), proc.stderr.read() if not line else line
-        os.kill(proc.pid, signal.SIGKILL)
-        assert proc.wait(timeout=30) == -signal.SIGKILL
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.stdout.close()
-        proc.stderr.close()
+    kill_at(_KILLED_PROMOTE, [str(registry.root), str(candidate)], "COPIED")
     assert registry.current_id() == current.id
     assert [e.id for e in registry.list()] == [current.id]  # the partial copy is hidden
     hidden = [p.name for p in (registry.root / "artifacts").iterdir() if p.name.startswith(".")]
