@@ -312,81 +312,77 @@ def test_admin_endpoints_are_off_without_a_token(split):
 # ----------------------------------------------------------------------------- micro-batching
 
 
+def _batching_service(artifacts, wait_ms: float) -> Service:
+    # Batching is under test here, not the gate.
+    passed = type("Passed", (), {"passed": True, "failures": ()})()
+    source = ArtifactSource(artifacts.a, gate=lambda path: passed)
+    return Service(source, ServeConfig(buckets=(1, 8), max_rows=8, batch_wait_ms=wait_ms))
+
+
+def _reader(body: bytes, delay: float = 0.0):
+    async def read() -> bytes:
+        await asyncio.sleep(delay)
+        return body
+
+    return read
+
+
+def _batch_fill(service: Service, stat: str) -> float:
+    """The ``_count`` (executions) or ``_sum`` (fill ratios) of ``stejax_batch_fill_ratio``."""
+    return next(s.value for s in service.metrics.batch_fill.collect()[0].samples if s.name.endswith(stat))
+
+
+def _with_ready(service: Service, scenario) -> None:
+    async def run():
+        await service.start()
+        try:
+            while not service.ready:
+                assert service.state != "failed", service.failure
+                await asyncio.sleep(0.02)
+            await scenario()
+        finally:
+            await service.stop()
+
+    asyncio.run(run())
+
+
 @pytest.mark.parametrize("wait_ms", [1000.0, 0.0])
 def test_requests_arriving_one_by_one_are_gathered_within_the_wait(artifacts, reference, wait_ms):
     # Six requests announced together whose bodies arrive 40 ms apart: with a 1 s wait the
     # first is held for the others (one execution of 6 rows in bucket 8); with no wait they are
     # not gathered into one (each goes alone unless a scheduling stall of 40 ms lets two queue).
-    passed = type("Passed", (), {"passed": True, "failures": ()})()
-    source = ArtifactSource(artifacts.a, gate=lambda path: passed)
-    service = Service(source, ServeConfig(buckets=(1, 8), max_rows=8, batch_wait_ms=wait_ms))
+    service = _batching_service(artifacts, wait_ms)
     bodies = [json.dumps({"inputs": artifacts.x[i : i + 1].tolist()}).encode() for i in range(6)]
 
-    def slow_reader(i):
-        async def read() -> bytes:
-            await asyncio.sleep(0.04 * i)
-            return bodies[i]
-
-        return read
-
     async def scenario():
-        await service.start()
-        try:
-            while not service.ready:
-                assert service.state != "failed", service.failure
-                await asyncio.sleep(0.02)
-            fill = service.metrics.batch_fill
+        before = _batch_fill(service, "_count")
+        readers = (_reader(body, 0.04 * i) for i, body in enumerate(bodies))
+        results = await asyncio.gather(*(service.predict(read, "application/json") for read in readers))
+        for i, (_, prediction) in enumerate(results):
+            np.testing.assert_array_equal(prediction.logits, reference[7][0][i : i + 1])
+        if wait_ms:
+            assert [p.bucket for _, p in results] == [8] * 6
+            assert _batch_fill(service, "_count") == before + 1
+        else:
+            assert _batch_fill(service, "_count") - before >= 2
 
-            def count():
-                return next(s.value for s in fill.collect()[0].samples if s.name.endswith("_count"))
-
-            before = count()
-            results = await asyncio.gather(*(service.predict(slow_reader(i), "application/json") for i in range(6)))
-            for i, (_, prediction) in enumerate(results):
-                np.testing.assert_array_equal(prediction.logits, reference[7][0][i : i + 1])
-            if wait_ms:
-                assert [p.bucket for _, p in results] == [8] * 6
-                assert count() == before + 1
-            else:
-                assert count() - before >= 2
-        finally:
-            await service.stop()
-
-    asyncio.run(scenario())
+    _with_ready(service, scenario)
 
 
 def test_concurrent_requests_share_a_bucket_and_a_lone_one_does_not_wait(artifacts, reference):
-    passed = type("Passed", (), {"passed": True, "failures": ()})()
-    source = ArtifactSource(artifacts.a, gate=lambda path: passed)  # batching is under test here, not the gate
-    service = Service(source, ServeConfig(buckets=(1, 8), max_rows=8, batch_wait_ms=1000.0))
+    service = _batching_service(artifacts, 1000.0)
     bodies = [json.dumps({"inputs": artifacts.x[i : i + 1].tolist()}).encode() for i in range(6)]
 
-    def reader(body):
-        async def read() -> bytes:
-            return body
-
-        return read
-
     async def scenario():
-        await service.start()
-        try:
-            while not service.ready:
-                assert service.state != "failed", service.failure
-                await asyncio.sleep(0.02)
-            fill = service.metrics.batch_fill
-            executions = fill.collect()[0].samples
-            count = next(s.value for s in executions if s.name.endswith("_count"))
-            results = await asyncio.gather(*(service.predict(reader(b), "application/json") for b in bodies))
-            for i, (_, prediction) in enumerate(results):
-                assert prediction.bucket == 8
-                np.testing.assert_array_equal(prediction.logits, reference[7][0][i : i + 1])
-            samples = fill.collect()[0].samples
-            assert next(s.value for s in samples if s.name.endswith("_count")) == count + 1
-            assert next(s.value for s in samples if s.name.endswith("_sum")) == pytest.approx(6 / 8)
-            start = time.perf_counter()
-            _, prediction = await service.predict(reader(bodies[0]), "application/json")
-            assert prediction.bucket == 1 and time.perf_counter() - start < 0.5  # nobody else on the way
-        finally:
-            await service.stop()
+        count = _batch_fill(service, "_count")
+        results = await asyncio.gather(*(service.predict(_reader(b), "application/json") for b in bodies))
+        for i, (_, prediction) in enumerate(results):
+            assert prediction.bucket == 8
+            np.testing.assert_array_equal(prediction.logits, reference[7][0][i : i + 1])
+        assert _batch_fill(service, "_count") == count + 1
+        assert _batch_fill(service, "_sum") == pytest.approx(6 / 8)
+        start = time.perf_counter()
+        _, prediction = await service.predict(_reader(bodies[0]), "application/json")
+        assert prediction.bucket == 1 and time.perf_counter() - start < 0.5  # nobody else on the way
 
-    asyncio.run(scenario())
+    _with_ready(service, scenario)
