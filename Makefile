@@ -17,13 +17,13 @@ $(STAMP): pyproject.toml requirements/constraints.txt
 demo: setup
 	$(BIN)/stejax demo --out demo-out
 
-test: setup
-	$(BIN)/ruff check src tests benchmarks
+test: lint
 	$(BIN)/python -m pytest -n 2 -q
 
+# `make test` runs exactly this first, so lint cannot drift from CI.
 lint: setup
-	$(BIN)/ruff check src tests benchmarks
-	$(BIN)/ruff format --check src tests benchmarks
+	$(BIN)/ruff check src tests benchmarks docs
+	$(BIN)/ruff format --check src tests benchmarks docs
 
 bench: setup
 	$(BIN)/stejax bench --suite all --out bench-out

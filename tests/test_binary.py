@@ -122,9 +122,7 @@ def _inputs(rng, dtype, points=()):
     """
     fixed = np.concatenate([boundary_triplets((0.0, *points), dtype), special_values(dtype)])
     n = 128 - fixed.size
-    rand = (
-        (rng.standard_normal(n) * rng.choice([1e-3, 0.1, 0.7, 2.0, 50.0], n)).astype(np.float32).astype(dtype)
-    )
+    rand = (rng.standard_normal(n) * rng.choice([1e-3, 0.1, 0.7, 2.0, 50.0], n)).astype(np.float32).astype(dtype)
     return np.concatenate([rand, fixed])
 
 
@@ -259,9 +257,7 @@ def test_swish_sign_gradient_is_zero_at_huge_inputs(beta, dtype):
 )
 def test_surrogates_integrate_to_the_jump_of_the_forward(fn, params, area):
     grid = np.unique(
-        np.concatenate(
-            [np.linspace(-200.0, 200.0, 400_001), boundary_triplets([-1, -0.5, 0.5, 1], F32)]
-        ).astype(F32)
+        np.concatenate([np.linspace(-200.0, 200.0, 400_001), boundary_triplets([-1, -0.5, 0.5, 1], F32)]).astype(F32)
     )
     d = np.asarray(ENTRIES[fn.__name__].derivative(jnp.asarray(grid), **params), np.float64)
     # Trapezoid rule, spacing 1e-3, on float32 values; the tails beyond +-200 are below e^-190.
@@ -416,14 +412,10 @@ def test_float64_when_x64_is_on():
         for mode, g in _both(_grad(swish_sign), xj).items():
             g = np.asarray(g)
             exact = swish_formula64(x[finite], 5.0, np.float64)
-            np.testing.assert_allclose(
-                g[finite], exact, rtol=64 * 2.0**-53, atol=5.0 * 2.0**-48, err_msg=mode
-            )
+            np.testing.assert_allclose(g[finite], exact, rtol=64 * 2.0**-53, atol=5.0 * 2.0**-48, err_msg=mode)
             np.testing.assert_array_equal(g[np.isinf(x)], 0.0)
             assert g[np.argmax(x == np.finfo(np.float64).max)] == 0.0
-        ternary_expected = np.where(
-            np.isnan(x), np.nan, np.where(x > 0.3, 1.0, np.where(x < -0.3, -1.0, 0.0))
-        )
+        ternary_expected = np.where(np.isnan(x), np.nan, np.where(x > 0.3, 1.0, np.where(x < -0.3, -1.0, 0.0)))
         for mode, y in _both(functools.partial(ternary, threshold=0.3), xj).items():
             assert_bitwise_equal(y, ternary_expected, context=f"{mode} ternary")
         data = _exact_sum_data(rng, (3, 4), f64)

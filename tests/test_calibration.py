@@ -149,9 +149,7 @@ def test_percentile_scale(dtype, axis, group_size, shape, percentile):
     ref = ref_percentile(x, bits=8, percentile=percentile, axis=axis, group_size=group_size)
     assert_bitwise_equal(s, ref)
     if percentile == 100.0:
-        assert_bitwise_equal(
-            s, absmax_scale(x, bits=8, axis=axis, group_size=group_size), context="100 = absmax"
-        )
+        assert_bitwise_equal(s, absmax_scale(x, bits=8, axis=axis, group_size=group_size), context="100 = absmax")
 
 
 def test_percentile_scale_agrees_with_numpy_percentile(dtype):

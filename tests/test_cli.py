@@ -73,9 +73,7 @@ TOYS = (
         derivative=_fake_quant_derivative,
         tangent=None,
         diff_argnums=(0,),
-        boundaries=lambda *, bits: tuple(
-            0.25 * (k + 0.5) for k in range(-(2 ** (bits - 1)), 2 ** (bits - 1) - 1)
-        ),
+        boundaries=lambda *, bits: tuple(0.25 * (k + 0.5) for k in range(-(2 ** (bits - 1)), 2 ** (bits - 1) - 1)),
         params=(ParamSpec("bits", None, (3, 4), "integer bits, 2 to 8"),),
         args=(
             ArgSpec(
@@ -226,9 +224,7 @@ def test_show_unknown_name_without_close_match_lists_the_catalog(runner):
     ],
 )
 def test_show_bad_param_exits_2(runner, tmp_path, toy_catalog, pair, message):
-    result = runner.invoke(
-        main, ["show", "toy_fake_quant", "--param", pair, "--out", str(tmp_path / "p.png")]
-    )
+    result = runner.invoke(main, ["show", "toy_fake_quant", "--param", pair, "--out", str(tmp_path / "p.png")])
     assert result.exit_code == 2
     assert re.search(message, _flat(result.output))
 
@@ -343,4 +339,3 @@ def test_docs_generator_writes_page_and_pictures(tmp_path, capsys):
     assert _is_png(tmp_path / "img" / f"{name}.png")
     assert f"### `{name}`" in (tmp_path / "estimators.md").read_text(encoding="utf-8")
     assert generate.main(["--out", str(tmp_path), "--only", "no_such_estimator"]) == 2
-

@@ -549,9 +549,7 @@ def test_npz_rejects_non_finite_features(tmp_path, value, where, message):
     x = np.zeros((4, 3))
     x[where] = value
     path = _write_npz(tmp_path / "nan.npz", x=x, y=GOOD_Y)
-    with pytest.raises(
-        ValueError, match=re.escape(f"{path} (key 'x'): features must be finite") + ".*" + message
-    ):
+    with pytest.raises(ValueError, match=re.escape(f"{path} (key 'x'): features must be finite") + ".*" + message):
         load_npz(path)
 
 
@@ -569,17 +567,13 @@ def test_npz_not_an_archive(tmp_path):
     npy = tmp_path / "single.npz"
     with open(npy, "wb") as f:
         np.save(f, GOOD_X)
-    with pytest.raises(
-        ValueError, match=re.escape(str(npy)) + ": expected an .npz archive .* single .npy array"
-    ):
+    with pytest.raises(ValueError, match=re.escape(str(npy)) + ": expected an .npz archive .* single .npy array"):
         load_npz(npy)
 
 
 def test_npz_never_unpickles(tmp_path):
     path = _write_npz(tmp_path / "objects.npz", x=GOOD_X, y=np.array([0, 1, None, 1], dtype=object))
-    with pytest.raises(
-        ValueError, match=re.escape(str(path)) + r" \(key 'y'\): cannot load array without pickle"
-    ):
+    with pytest.raises(ValueError, match=re.escape(str(path)) + r" \(key 'y'\): cannot load array without pickle"):
         load_npz(path)
 
 
@@ -810,9 +804,7 @@ def test_load_idx_content_errors(tmp_path, images, labels, kwargs, bad_file, mes
 
 def test_write_idx_errors(tmp_path):
     path = tmp_path / "out.idx"
-    with pytest.raises(
-        TypeError, match=re.escape(f"write_idx({str(path)!r})") + r": IDX has no type code .*int64"
-    ):
+    with pytest.raises(TypeError, match=re.escape(f"write_idx({str(path)!r})") + r": IDX has no type code .*int64"):
         write_idx(path, np.zeros(3, np.int64))
     with pytest.raises(TypeError, match=r"no type code for dtype bool"):
         write_idx(path, np.zeros(3, bool))

@@ -106,9 +106,7 @@ def test_splitting_twice_is_reuse():
     with keys.checked():
         key = jax.random.key(2)
         keys.split(key, where="first split")
-        with pytest.raises(
-            keys.KeyReuseError, match="first at split at first split, again at split at second"
-        ):
+        with pytest.raises(keys.KeyReuseError, match="first at split at first split, again at split at second"):
             keys.split(key, where="second")
 
 

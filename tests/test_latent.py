@@ -119,9 +119,7 @@ def _assert_fsq_matches_numpy(actual, z, levels, context):
     _, _, _, half_width = _fsq_constants(levels)
     lower = (np.floor(bounded) / half_width).astype(np.float64)
     got = np.asarray(actual).astype(np.float64)
-    ok = np.isclose(got, lower, rtol=0, atol=1e-3) | np.isclose(
-        got, lower + 1 / half_width, rtol=0, atol=1e-3
-    )
+    ok = np.isclose(got, lower, rtol=0, atol=1e-3) | np.isclose(got, lower + 1 / half_width, rtol=0, atol=1e-3)
     assert ok[near_tie].all(), f"{context}: a value near a tie is neither neighbour"
     return int(near_tie.sum())
 
@@ -147,9 +145,7 @@ def test_fsq_forward(levels, dtype):
     # Bit for bit: the documented formula written with jnp, eagerly and under jit.
     assert_bitwise_equal(eager, np.asarray(_fsq_jnp(zj, levels)), context="eager vs jnp formula")
     formula_jit = jax.jit(functools.partial(_fsq_jnp, levels=levels))
-    assert_bitwise_equal(
-        np.asarray(jax.jit(run)(zj)), np.asarray(formula_jit(zj)), context="jit vs jnp formula"
-    )
+    assert_bitwise_equal(np.asarray(jax.jit(run)(zj)), np.asarray(formula_jit(zj)), context="jit vs jnp formula")
     assert_bitwise_equal(np.asarray(jax.jit(run)(zj)), eager, context="jit vs eager")
     # Against NumPy, bit for bit away from the ties (see _tie_window).
     near = _assert_fsq_matches_numpy(eager, z, levels, f"fsq {levels}")
@@ -503,9 +499,7 @@ def test_rotation_tangent_matches_numpy(dtype):
 def test_rotation_gradient_is_the_transpose(dtype):
     z, codebook, q = _rotation_case(dtype, seed=9)
     w = np.random.default_rng(10).standard_normal(z.shape).astype(dtype)
-    grad = jax.grad(lambda z: jnp.sum(rotation_trick(z, jnp.asarray(codebook)) * jnp.asarray(w)))(
-        jnp.asarray(z)
-    )
+    grad = jax.grad(lambda z: jnp.sum(rotation_trick(z, jnp.asarray(codebook)) * jnp.asarray(w)))(jnp.asarray(z))
     assert grad.dtype == dtype
     tol = _rotation_tolerance(dtype)
     for i in range(len(z)):
@@ -513,9 +507,7 @@ def test_rotation_gradient_is_the_transpose(dtype):
         expected = lam * rot.T @ w[i].astype(np.float64)
         scale = lam * np.linalg.norm(w[i].astype(np.float64))
         np.testing.assert_allclose(np.asarray(grad[i]).astype(np.float64), expected, rtol=0, atol=tol * scale)
-    gc = jax.grad(lambda c: jnp.sum(rotation_trick(jnp.asarray(z), c) * jnp.asarray(w)))(
-        jnp.asarray(codebook)
-    )
+    gc = jax.grad(lambda c: jnp.sum(rotation_trick(jnp.asarray(z), c) * jnp.asarray(w)))(jnp.asarray(codebook))
     assert_bitwise_equal(gc, np.zeros_like(codebook), context="no codebook gradient")
 
 
@@ -547,9 +539,7 @@ def test_rotation_tangent_is_linear_and_per_vector():
         return np.asarray(jax.jvp(lambda z: rotation_trick(z, jnp.asarray(codebook)), (z,), (t,))[1])
 
     a, b = np.float32(0.75), np.float32(-1.5)
-    np.testing.assert_allclose(
-        tangent(a * t1 + b * t2), a * tangent(t1) + b * tangent(t2), rtol=1e-5, atol=1e-5
-    )
+    np.testing.assert_allclose(tangent(a * t1 + b * t2), a * tangent(t1) + b * tangent(t2), rtol=1e-5, atol=1e-5)
     # The Jacobian couples the entries of one vector, never two vectors.
     jac = np.asarray(jax.jacfwd(lambda z: rotation_trick(z, jnp.asarray(codebook)))(jnp.asarray(z)))
     for i in range(3):
@@ -684,9 +674,7 @@ def test_gumbel_tau_errors(tau, error, match):
 
 
 def test_gumbel_other_errors():
-    with pytest.raises(
-        TypeError, match=r"gumbel_softmax_st\(\) missing 1 required keyword-only argument: 'key'"
-    ):
+    with pytest.raises(TypeError, match=r"gumbel_softmax_st\(\) missing 1 required keyword-only argument: 'key'"):
         gumbel_softmax_st(jnp.zeros(3))
     with pytest.raises(ValueError, match="gumbel_softmax_st: the logits must have at least one axis"):
         gumbel_softmax_st(jnp.zeros(()), key=jax.random.key(0))
@@ -722,9 +710,7 @@ def test_fsq_example_shape_and_params_are_truthful():
         shape = entry.example_shape(**params)
         assert shape[-1] == len(params["levels"])
         z = jnp.asarray(np.random.default_rng(0).standard_normal(shape).astype(dtype))
-        assert_bitwise_equal(
-            entry.fn(z, **params), np.asarray(entry.forward(z, **params)), context=str(params)
-        )
+        assert_bitwise_equal(entry.fn(z, **params), np.asarray(entry.forward(z, **params)), context=str(params))
         _, ty = jax.jvp(functools.partial(entry.fn, **params), (z,), (jnp.ones_like(z),))
         assert_bitwise_equal(ty, np.asarray(entry.derivative(z, **params)), context=str(params))
 

@@ -57,9 +57,7 @@ def _params(model: str, name: str, calibrated: bool = False):
     inputs, and calibration (an eager pass per layer) is tested on its own.
     """
     xs, _ = _data(100)
-    return init_params(
-        jax.random.key(0), MODELS[model], preset(name), calibration_batch=xs if calibrated else None
-    )
+    return init_params(jax.random.key(0), MODELS[model], preset(name), calibration_batch=xs if calibrated else None)
 
 
 class _Run(NamedTuple):
@@ -246,9 +244,7 @@ def test_configs_are_hashable_static_arguments():
 
 
 @pytest.mark.parametrize("name", PRESETS)
-@pytest.mark.parametrize(
-    "model", [MLPConfig(), ConvConfig(), MLP, CONV], ids=["mlp", "conv", "mlp-s", "conv-s"]
-)
+@pytest.mark.parametrize("model", [MLPConfig(), ConvConfig(), MLP, CONV], ids=["mlp", "conv", "mlp-s", "conv-s"])
 def test_param_spec_matches_init(model, name):
     qc = preset(name)
     spec = param_spec(model, qc)
@@ -377,9 +373,7 @@ def test_init_steps_follow_lsq():
     params = _params("mlp", "w4a4")
     w0, w1 = (np.asarray(params["layers"][i]["w"]) for i in (0, 1))
     # 2 <|w|> / sqrt(Q_P): Q_P = 127 for the 8-bit first layer, 7 for the 4-bit hidden one.
-    np.testing.assert_allclose(
-        params["layers"][0]["w_step"], 2 * np.abs(w0).mean() / math.sqrt(127), rtol=1e-5
-    )
+    np.testing.assert_allclose(params["layers"][0]["w_step"], 2 * np.abs(w0).mean() / math.sqrt(127), rtol=1e-5)
     np.testing.assert_allclose(params["layers"][1]["w_step"], 2 * np.abs(w1).mean() / math.sqrt(7), rtol=1e-5)
     # Without a batch, inputs are taken to have <|u|> = 1: signed 8-bit in layer 0,
     # unsigned 4-bit (Q_P = 15) and 8-bit (Q_P = 255) after the ReLUs.
@@ -391,17 +385,13 @@ def test_init_steps_follow_lsq():
 def test_calibration_sets_activation_steps_from_the_batch():
     xs, _ = _data(100)
     params = _params("mlp", "w4a4", calibrated=True)
-    np.testing.assert_allclose(
-        params["layers"][0]["a_step"], 2 * np.abs(xs).mean() / math.sqrt(127), rtol=1e-5
-    )
+    np.testing.assert_allclose(params["layers"][0]["a_step"], 2 * np.abs(xs).mean() / math.sqrt(127), rtol=1e-5)
     # Layer 1's input is relu of layer 0's output, computed with layer 0's quantisers.
     p0 = {k: np.asarray(v) for k, v in params["layers"][0].items()}
     a0 = _np_lsq(xs, p0["a_step"], 8, True)
     z0 = a0 @ _np_lsq(p0["w"], p0["w_step"], 8, True) + p0["b"]
     u1 = np.maximum(z0, 0)
-    np.testing.assert_allclose(
-        params["layers"][1]["a_step"], 2 * np.abs(u1).mean() / math.sqrt(15), rtol=1e-4
-    )
+    np.testing.assert_allclose(params["layers"][1]["a_step"], 2 * np.abs(u1).mean() / math.sqrt(15), rtol=1e-4)
     # Weights and weight steps do not depend on the batch.
     uncalibrated = _params("mlp", "w4a4")
     np.testing.assert_array_equal(params["layers"][1]["w_step"], uncalibrated["layers"][1]["w_step"])
@@ -477,9 +467,7 @@ def test_input_contract_names_the_first_non_finite_row(bad, shown):
     x = np.zeros((6, 64), np.float32)
     x[2, 17] = bad
     x[4, 3] = bad
-    with pytest.raises(
-        ValueError, match=rf"expected finite values; row 2 has {shown} at feature 17 \(2 bad row"
-    ):
+    with pytest.raises(ValueError, match=rf"expected finite values; row 2 has {shown} at feature 17 \(2 bad row"):
         input_contract(MLP).check(x)
     with pytest.raises(ValueError, match=rf"the example has {shown} at feature 17"):
         input_contract(MLP).check(x[2])

@@ -147,11 +147,7 @@ def _inputs(rng, dtype, points=()):
     """
     fixed = np.concatenate([boundary_triplets((0.0, *points), dtype), special_values(dtype)])
     n = 128 - fixed.size
-    rand = (
-        (rng.standard_normal(n) * rng.choice([1e-3, 0.05, 0.5, 2.0, 50.0], n))
-        .astype(np.float32)
-        .astype(dtype)
-    )
+    rand = (rng.standard_normal(n) * rng.choice([1e-3, 0.05, 0.5, 2.0, 50.0], n)).astype(np.float32).astype(dtype)
     return np.concatenate([rand, fixed])
 
 
@@ -219,9 +215,7 @@ def test_rational_surrogates_match_the_float32_emulation_bit_for_bit(name, param
 # The rational rules are checked bit for bit at every listed parameter above; here
 # their defaults suffice. The sigmoid rule is checked only here, at every value.
 TEXTBOOK = [
-    (c, i)
-    for c, i in zip(CASES, CASE_IDS, strict=True)
-    if c[0] == "heaviside_sigmoid" or c[1] == _defaults(c[0])
+    (c, i) for c, i in zip(CASES, CASE_IDS, strict=True) if c[0] == "heaviside_sigmoid" or c[1] == _defaults(c[0])
 ]
 
 

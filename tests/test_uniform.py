@@ -248,9 +248,7 @@ def test_fake_quant_at_ties_and_clip_edges(dtype, bits, signed, narrow_range):
 def test_fake_quant_clip_edge_convention():
     # bits=4 signed, scale 1/4: levels -8..7, so x in [-2, 1.75].
     f32 = np.float32
-    x = np.array(
-        [1.875, np.nextafter(f32(1.875), f32(0)), -2.125, np.nextafter(f32(-2.125), f32(-3)), 1.8, -2.1], f32
-    )
+    x = np.array([1.875, np.nextafter(f32(1.875), f32(0)), -2.125, np.nextafter(f32(-2.125), f32(-3)), 1.8, -2.1], f32)
     y = fake_quant(x, 0.25, bits=4)
     g = jax.grad(lambda x: fake_quant(x, 0.25, bits=4).sum())(x)
     # 7.5 rounds to 8 (even), out of range: clipped, derivative 0; just below rounds to 7.
@@ -372,9 +370,9 @@ def test_lsq_kink_convention():
     # bits=4 signed, step 1/4: v = x / s in [-8, 7]; grad_scale 1 to read the raw partials.
     f32 = np.float32
     x = np.array([-2.0, np.nextafter(f32(-2.0), f32(-3)), 1.75, np.nextafter(f32(1.75), f32(2)), 0.3], f32)
-    gx, gs = jax.vmap(
-        jax.grad(lambda x, s: lsq(x, s, bits=4, grad_scale=1.0), argnums=(0, 1)), in_axes=(0, None)
-    )(x, f32(0.25))
+    gx, gs = jax.vmap(jax.grad(lambda x, s: lsq(x, s, bits=4, grad_scale=1.0), argnums=(0, 1)), in_axes=(0, None))(
+        x, f32(0.25)
+    )
     # At v = -8 and v = 7 exactly: inside (1, and round(v) - v = 0); just outside: 0, -Q_N or Q_P.
     assert gx.tolist() == [1.0, 0.0, 1.0, 0.0, 1.0]
     assert gs[:4].tolist() == [0.0, -8.0, 0.0, 7.0]
@@ -683,9 +681,7 @@ def test_float64_runs_in_float64():
     x = rng.standard_normal(50) * 3
     with jax.enable_x64(True):
         s, b = np.float64(0.3), np.float64(-0.2)
-        assert_bitwise_equal(
-            fake_quant(x, s, bits=12), ref_fake_quant(x, s, bits=12)[0], context="fake_quant"
-        )
+        assert_bitwise_equal(fake_quant(x, s, bits=12), ref_fake_quant(x, s, bits=12)[0], context="fake_quant")
         assert_bitwise_equal(lsq(x, s, bits=12), ref_lsq(x, s, bits=12, signed=True)[0], context="lsq")
         y_ref = ref_lsq(x, s, b, bits=12, signed=False)[0]
         assert_bitwise_equal(lsq_plus(x, s, b, bits=12), y_ref, context="lsq_plus")
@@ -702,9 +698,7 @@ def test_float64_runs_in_float64():
 _CASES = [(e, p) for e in uniform.ENTRIES for p in e.param_grid()]
 
 
-@pytest.mark.parametrize(
-    ("entry", "params"), _CASES, ids=[f"{e.name}-{i}" for i, (e, _) in enumerate(_CASES)]
-)
+@pytest.mark.parametrize(("entry", "params"), _CASES, ids=[f"{e.name}-{i}" for i, (e, _) in enumerate(_CASES)])
 def test_entry_is_truthful(entry, params, dtype):
     rng = np.random.default_rng(0)
     points = entry.boundaries(**params)

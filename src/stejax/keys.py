@@ -55,9 +55,7 @@ __all__ = ["KeyLedger", "KeyReuseError", "check_key", "checked", "consume", "spl
 # The ledger of the innermost `checked()` block; None outside one. A context
 # variable rather than a module global, so that threads and nested blocks do not
 # see each other's ledgers.
-_ACTIVE_LEDGER: contextvars.ContextVar[KeyLedger | None] = contextvars.ContextVar(
-    "stejax_key_ledger", default=None
-)
+_ACTIVE_LEDGER: contextvars.ContextVar[KeyLedger | None] = contextvars.ContextVar("stejax_key_ledger", default=None)
 
 
 class KeyReuseError(jax.errors.KeyReuseError):

@@ -88,9 +88,7 @@ class _Curve(NamedTuple):
 def _curve(entry: Entry, params: dict[str, Any]) -> _Curve:
     tail = _row_shape(entry, params)
     x_shape = (GRID_POINTS, *tail)
-    args = tuple(
-        jnp.asarray(a) for a in entry.example_args(np.random.default_rng(0), x_shape, np.float32, params)
-    )
+    args = tuple(jnp.asarray(a) for a in entry.example_args(np.random.default_rng(0), x_shape, np.float32, params))
     bind = dict(params)
     if entry.random:
         bind["key"] = jax.random.key(0)
@@ -129,9 +127,7 @@ def _curve(entry: Entry, params: dict[str, Any]) -> _Curve:
         names = ", ".join(a.name for a in entry.args)
         notes.append(f"Extra arrays ({names}) drawn by the entry's example_args with default_rng(0).")
     if entry.random:
-        notes.append(
-            "Random: one draw per grid point, key=jax.random.key(0) (the surrogate may depend on it)."
-        )
+        notes.append("Random: one draw per grid point, key=jax.random.key(0) (the surrogate may depend on it).")
     if len(kinks) > MAX_KINK_LINES:
         notes.append(f"{len(kinks)} kinks/ties, not drawn.")
     return _Curve(grid, forward, slope, kinks, " ".join(notes))
@@ -221,8 +217,7 @@ def _shrink_titles_to_fit(fig, axes) -> None:
     renderer = fig.canvas.get_renderer()
     # Text width grows in proportion to the font size, so one measurement gives the size.
     overflow = max(
-        ax.title.get_window_extent(renderer).width / (1.1 * ax.get_window_extent(renderer).width)
-        for ax in axes
+        ax.title.get_window_extent(renderer).width / (1.1 * ax.get_window_extent(renderer).width) for ax in axes
     )
     if overflow > 1:
         size = max(6.0, min(ax.title.get_fontsize() for ax in axes) / overflow)

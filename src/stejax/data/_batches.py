@@ -73,23 +73,17 @@ def batches(
     """
     x, y = np.asarray(x), np.asarray(y)
     if x.ndim == 0 or y.ndim == 0:
-        raise ValueError(
-            f"batches: x and y must have a leading example axis, got shapes {x.shape} and {y.shape}"
-        )
+        raise ValueError(f"batches: x and y must have a leading example axis, got shapes {x.shape} and {y.shape}")
     n = x.shape[0]
     if y.shape[0] != n:
-        raise ValueError(
-            f"batches: x has {n} examples but y has {y.shape[0]}; expected one label per example"
-        )
+        raise ValueError(f"batches: x has {n} examples but y has {y.shape[0]}; expected one label per example")
     if isinstance(batch_size, bool) or not isinstance(batch_size, int | np.integer):
         raise TypeError(f"batches: batch_size must be an int, got {type(batch_size).__name__}")
     if batch_size < 1:
         raise ValueError(f"batches: batch_size must be positive, got {batch_size}")
     if not shuffle:
         if order is not None or seed is not None:
-            raise ValueError(
-                "batches: shuffle=False takes neither order nor seed; drop them or set shuffle=True"
-            )
+            raise ValueError("batches: shuffle=False takes neither order nor seed; drop them or set shuffle=True")
         rows = np.arange(n)
     elif (order is None) == (seed is None):
         given = "both were given" if order is not None else "neither was given"
@@ -112,9 +106,7 @@ def _check_permutation(order: np.ndarray, n: int) -> np.ndarray:
     if order.dtype.kind not in "iu":
         raise TypeError(f"batches: order must be an integer array, got dtype {order.dtype}")
     if order.shape != (n,):
-        raise ValueError(
-            f"batches: order must be a permutation of range({n}) of shape ({n},), got shape {order.shape}"
-        )
+        raise ValueError(f"batches: order must be a permutation of range({n}) of shape ({n},), got shape {order.shape}")
     out_of_range = (order < 0) | (order >= n)
     if out_of_range.any():
         i = int(np.flatnonzero(out_of_range)[0])

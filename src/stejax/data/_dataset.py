@@ -69,8 +69,7 @@ class Dataset:
                 raise ValueError(f"{where}: {field} must be {ndim}-D, got shape {value.shape}")
         if self.x.shape[0] != self.y.shape[0]:
             raise ValueError(
-                f"{where}: x has {self.x.shape[0]} rows but y has {self.y.shape[0]} labels; "
-                "expected one label per row"
+                f"{where}: x has {self.x.shape[0]} rows but y has {self.y.shape[0]} labels; expected one label per row"
             )
         if self.image_shape is not None:
             shape = self.image_shape
@@ -120,8 +119,7 @@ def _check_label_range(y: np.ndarray, n_classes: int, where: str) -> None:
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
         raise ValueError(
-            f"{where}: labels must be in [0, {n_classes}), got {y[i]} at index {i} "
-            f"({int(bad.sum())} bad labels in all)"
+            f"{where}: labels must be in [0, {n_classes}), got {y[i]} at index {i} ({int(bad.sum())} bad labels in all)"
         )
 
 

@@ -146,8 +146,7 @@ def write_idx(path: str | os.PathLike, array: ArrayLike) -> None:
     code = _DTYPE_TO_CODE.get(array.dtype.newbyteorder("="))
     if code is None:
         raise TypeError(
-            f"write_idx({str(path)!r}): IDX has no type code for dtype {array.dtype}; "
-            f"expected one of {_CODES}"
+            f"write_idx({str(path)!r}): IDX has no type code for dtype {array.dtype}; expected one of {_CODES}"
         )
     if not 1 <= array.ndim <= 255:
         raise ValueError(f"write_idx({str(path)!r}): IDX rank must be in [1, 255], got rank {array.ndim}")

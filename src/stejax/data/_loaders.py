@@ -50,9 +50,7 @@ def load_digits() -> Dataset:
     try:
         from sklearn.datasets import load_digits as _sklearn_load_digits
     except ImportError as e:
-        raise ImportError(
-            "load_digits needs scikit-learn, an optional dependency: pip install scikit-learn"
-        ) from e
+        raise ImportError("load_digits needs scikit-learn, an optional dependency: pip install scikit-learn") from e
     bunch = _sklearn_load_digits()
     # The counts are whole numbers in 0..16, so float64 -> float32 is exact.
     images = np.asarray(bunch.images).reshape(-1, 8, 8)
@@ -68,9 +66,7 @@ def load_digits() -> Dataset:
     )
 
 
-def load_npz(
-    path: str | os.PathLike, *, x_key: str = "x", y_key: str = "y", n_classes: int | None = None
-) -> Dataset:
+def load_npz(path: str | os.PathLike, *, x_key: str = "x", y_key: str = "y", n_classes: int | None = None) -> Dataset:
     """Load a labelled dataset from a NumPy ``.npz`` archive (as ``np.savez`` writes).
 
     The features array may be ``(N, F)``, ``(N, H, W)`` greyscale images or
@@ -120,9 +116,7 @@ def load_npz(
         arrays = {}
         for role, key in (("features", x_key), ("labels", y_key)):
             if key not in archive.files:
-                raise ValueError(
-                    f"{path}: no {role} array named {key!r}; the archive holds {sorted(archive.files)}"
-                )
+                raise ValueError(f"{path}: no {role} array named {key!r}; the archive holds {sorted(archive.files)}")
             try:
                 arrays[role] = archive[key]
             except ValueError as e:  # an object array, which would need pickle

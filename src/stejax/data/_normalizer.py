@@ -118,9 +118,7 @@ class Normalizer:
         wide = x.astype(np.float64)
         if not np.isfinite(wide).all():
             row, col = (int(i) for i in np.argwhere(~np.isfinite(wide))[0])
-            raise ValueError(
-                f"Normalizer.fit: x must be finite, got {x[row, col]} at row {row}, feature {col}"
-            )
+            raise ValueError(f"Normalizer.fit: x must be finite, got {x[row, col]} at row {row}, feature {col}")
         if not isinstance(per_feature, bool):
             raise TypeError(f"Normalizer.fit: per_feature must be a bool, got {type(per_feature).__name__}")
         if per_feature:

@@ -62,9 +62,7 @@ def _round_half_up(value: float) -> int:
 
 
 def _take(dataset: Dataset, index: np.ndarray, part: str) -> Dataset:
-    return dataclasses.replace(
-        dataset, x=dataset.x[index], y=dataset.y[index], name=f"{dataset.name}[{part}]"
-    )
+    return dataclasses.replace(dataset, x=dataset.x[index], y=dataset.y[index], name=f"{dataset.name}[{part}]")
 
 
 def split(dataset: Dataset, *, seed: int, val_fraction: float = 0.15, test_fraction: float = 0.15) -> Splits:

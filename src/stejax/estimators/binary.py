@@ -395,14 +395,11 @@ def magnitude_aware_sign(x: ArrayLike, *, axis: int = -1) -> jax.Array:
       Neural Networks", JOSS 2020).
     """
     if isinstance(axis, bool) or not isinstance(axis, numbers.Integral):
-        raise TypeError(
-            f"magnitude_aware_sign: `axis` must be an int; got {axis!r} of type {type(axis).__name__}."
-        )
+        raise TypeError(f"magnitude_aware_sign: `axis` must be an int; got {axis!r} of type {type(axis).__name__}.")
     rank = jnp.ndim(x)
     if rank >= 2 and not -rank <= axis < rank:
         raise ValueError(
-            f"magnitude_aware_sign: `axis` must lie in [{-rank}, {rank}) for an input of rank {rank}; "
-            f"got {axis}."
+            f"magnitude_aware_sign: `axis` must lie in [{-rank}, {rank}) for an input of rank {rank}; got {axis}."
         )
     return _magnitude_aware_sign(x, axis=int(axis))
 
@@ -560,9 +557,7 @@ ENTRIES = (
         boundaries=_zero,
         params=(ParamSpec("beta", 5.0, (5.0, 1.0, 10.0), "Sharpness; in [1e-18, 1e18]."),),
         forward_math=_SIGN_MATH,
-        derivative_math=(
-            r"\partial y/\partial x = \beta (2 - \beta x \tanh(\beta x/2)) / (1 + \cosh(\beta x))"
-        ),
+        derivative_math=(r"\partial y/\partial x = \beta (2 - \beta x \tanh(\beta x/2)) / (1 + \cosh(\beta x))"),
         kinks=_SIGN_KINKS + " The derivative is smooth, beta at 0, and 0 at +-inf.",
         reference="Darabi, Belbahri, Courbariaux, Nia, BNN+, arXiv:1812.11800 (2018)",
     ),

@@ -53,8 +53,7 @@ def _floating_input(name: str, x: ArrayLike) -> jax.Array:
     x = jnp.asarray(x)
     if not jnp.issubdtype(x.dtype, jnp.floating):
         raise TypeError(
-            f"{name}: x must be a floating-point array (float16, bfloat16, float32 or float64); "
-            f"got dtype {x.dtype}."
+            f"{name}: x must be a floating-point array (float16, bfloat16, float32 or float64); got dtype {x.dtype}."
         )
     if x.size == 0:
         raise ValueError(f"{name}: x must not be empty; got shape {x.shape}.")
@@ -380,12 +379,9 @@ def mse_scale(
     bits, signed, qmax = _symmetric_qmax("mse_scale", bits, signed)
     if isinstance(candidates, bool) or not isinstance(candidates, (int, np.integer)):
         raise TypeError(
-            f"mse_scale: candidates must be a positive int; got {candidates!r} "
-            f"of type {type(candidates).__name__}."
+            f"mse_scale: candidates must be a positive int; got {candidates!r} of type {type(candidates).__name__}."
         )
     if candidates < 1:
         raise ValueError(f"mse_scale: candidates must be a positive int; got {candidates}.")
     axis, group_size = _granularity("mse_scale", x, axis, group_size)
-    return _mse(
-        x, axis=axis, group_size=group_size, qmax=qmax, bits=bits, signed=signed, candidates=int(candidates)
-    )
+    return _mse(x, axis=axis, group_size=group_size, qmax=qmax, bits=bits, signed=signed, candidates=int(candidates))

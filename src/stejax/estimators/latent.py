@@ -57,8 +57,7 @@ def _compute_dtype(dtype) -> jnp.dtype:
 def _check_rank(name: str, x: jax.Array, what: str = "input") -> None:
     if x.ndim < 1:
         raise ValueError(
-            f"{name}: the {what} must have at least one axis (the vector axis is the last); "
-            f"got shape {x.shape}."
+            f"{name}: the {what} must have at least one axis (the vector axis is the last); got shape {x.shape}."
         )
 
 
@@ -96,9 +95,7 @@ def _check_levels(name: str, levels: Any) -> tuple[int, ...]:
                 f"of type {type(level).__name__} in levels={levels!r}."
             )
         if level < 2:
-            raise ValueError(
-                f"{name}: every entry of `levels` must be >= 2; got {level} in levels={levels!r}."
-            )
+            raise ValueError(f"{name}: every entry of `levels` must be >= 2; got {level} in levels={levels!r}.")
     return tuple(int(level) for level in levels)
 
 
@@ -155,9 +152,7 @@ def _fsq_forward(z, *, levels):
     # tanh(z + shift) * half_l - offset, evaluated as (tanh(z + shift) - tanh(shift)) * half_l:
     # the same number, without a multiply feeding an add that XLA would contract into an FMA
     # under jit only.
-    bounded = (th - _channel_const(c.tanh_shift, z.ndim, th.dtype)) * _channel_const(
-        c.half_l, z.ndim, th.dtype
-    )
+    bounded = (th - _channel_const(c.tanh_shift, z.ndim, th.dtype)) * _channel_const(c.half_l, z.ndim, th.dtype)
     quantized = jnp.round(bounded)
     # A zero code is +0.0: the sign of a rounded-to-zero b follows the last bit of tanh (and
     # XLA may fold z + 0), and fsq_indices_to_codes gives +0.0.
@@ -291,9 +286,7 @@ def fsq_codes_to_indices(codes: ArrayLike, *, levels: Sequence[int]) -> jax.Arra
     c = _fsq_index_constants(name, levels)
     codes = jnp.asarray(codes)
     if not jnp.issubdtype(codes.dtype, jnp.floating):
-        raise TypeError(
-            f"{name}: `codes` must be a floating-point array of FSQ codes; got dtype {codes.dtype}."
-        )
+        raise TypeError(f"{name}: `codes` must be a floating-point array of FSQ codes; got dtype {codes.dtype}.")
     _fsq_setup(name, codes, levels)
     cdt = _compute_dtype(codes.dtype)
     # round(y * w) + w rather than round(y * w + w): no multiply-add to contract.
@@ -302,9 +295,7 @@ def fsq_codes_to_indices(codes: ArrayLike, *, levels: Sequence[int]) -> jax.Arra
     return jnp.sum(digits * _channel_const(c.basis, codes.ndim, jnp.int32), axis=-1, dtype=jnp.int32)
 
 
-def fsq_indices_to_codes(
-    indices: ArrayLike, *, levels: Sequence[int], dtype: DTypeLike = jnp.float32
-) -> jax.Array:
+def fsq_indices_to_codes(indices: ArrayLike, *, levels: Sequence[int], dtype: DTypeLike = jnp.float32) -> jax.Array:
     r"""The FSQ code of each index of the implicit codebook; inverse of :func:`fsq_codes_to_indices`.
 
     Digits :math:`d_i = \lfloor n / \prod_{j<i} L_j \rfloor \bmod L_i`, code
@@ -843,9 +834,7 @@ ENTRIES = (
             r"\dot q = \operatorname{sg}(\lambda R)\,\dot z,\ \lambda = \lVert q\rVert/\lVert z\rVert,\ "
             r"R = I - 2 r r^\top + 2 f e^\top,\ e = \hat z,\ f = \hat q,\ r = \widehat{e + f}"
         ),
-        kinks=(
-            "As vq_quantize. z = 0: identity tangent; e = -f: r = 0, R = I - 2 e e^T; q = 0: zero tangent."
-        ),
+        kinks=("As vq_quantize. z = 0: identity tangent; e = -f: r = 0, R = I - 2 e e^T; q = 0: zero tangent."),
         reference="Fifty et al., arXiv:2410.06424 (2024)",
     ),
     Entry(

@@ -87,8 +87,7 @@ def _parameter(estimator: str, name: str, value: Any) -> float:
     value = float(value)
     if not _PARAM_MIN <= value <= _PARAM_MAX:
         raise ValueError(
-            f"{estimator}: `{name}` must be a finite number in "
-            f"[{_PARAM_MIN:g}, {_PARAM_MAX:g}]; got {value!r}."
+            f"{estimator}: `{name}` must be a finite number in [{_PARAM_MIN:g}, {_PARAM_MAX:g}]; got {value!r}."
         )
     return value
 

@@ -82,8 +82,7 @@ def check_axis(name: str, axis: Any, ndim: int) -> int | None:
         raise TypeError(f"{name}: axis must be None or an int; got {axis!r} of type {type(axis).__name__}.")
     if not -ndim <= axis < ndim:
         raise ValueError(
-            f"{name}: axis must be None or an int in [{-ndim}, {ndim}) for an input of rank {ndim}; "
-            f"got {axis}."
+            f"{name}: axis must be None or an int in [{-ndim}, {ndim}) for an input of rank {ndim}; got {axis}."
         )
     return int(axis) % ndim
 
@@ -131,9 +130,7 @@ def _along(a, axis, ndim):
     return jnp.reshape(a, shape)
 
 
-def _per_channel(
-    name: str, what: str, a: Any, x_shape: tuple[int, ...], axis: int | None, *, scalar_ok: bool
-):
+def _per_channel(name: str, what: str, a: Any, x_shape: tuple[int, ...], axis: int | None, *, scalar_ok: bool):
     """Check ``a``'s shape against the granularity and reshape it to broadcast against x."""
     shape = np.shape(a)
     if axis is None:
@@ -678,9 +675,7 @@ def _dorefa_activations_derivative(x, *, bits):
 
 
 _dorefa_weights = surrogate(_dorefa_weights_forward, _dorefa_weights_derivative, name="dorefa_weights")
-_dorefa_activations = surrogate(
-    _dorefa_activations_forward, _dorefa_activations_derivative, name="dorefa_activations"
-)
+_dorefa_activations = surrogate(_dorefa_activations_forward, _dorefa_activations_derivative, name="dorefa_activations")
 
 
 def dorefa_weights(w: ArrayLike, *, bits: int) -> jax.Array:
@@ -881,9 +876,7 @@ def _bits_param(values=(8, 4, 2), doc="the bit width"):
 
 
 _SIGNED_DOC = "signed grid (True) or unsigned (False)"
-_GRAD_SCALE = ParamSpec(
-    "grad_scale", None, (None, 0.5), "step (and offset) gradient scale; None: 1/sqrt(N Q_P)"
-)
+_GRAD_SCALE = ParamSpec("grad_scale", None, (None, 0.5), "step (and offset) gradient scale; None: 1/sqrt(N Q_P)")
 _CLIP_STE = r"\partial y/\partial x = \mathbb{1}[q_{\min} \le r + z \le q_{\max}]"
 
 ENTRIES = (

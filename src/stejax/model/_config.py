@@ -123,8 +123,7 @@ class ConvConfig:
         strides = _int_tuple(where, "strides", self.strides, allow_empty=False)
         if len(strides) != len(self.channels):
             raise ValueError(
-                f"{where}: strides must have one entry per convolution ({len(self.channels)}); "
-                f"got {len(strides)}."
+                f"{where}: strides must have one entry per convolution ({len(self.channels)}); got {len(strides)}."
             )
         object.__setattr__(self, "strides", strides)
         object.__setattr__(self, "n_classes", _positive_int(where, "n_classes", self.n_classes))
@@ -185,20 +184,14 @@ class Quantizer:
         if self.method not in METHODS:
             raise ValueError(f"{where}: method must be one of {list(METHODS)}; got {self.method!r}.")
         if isinstance(self.bits, bool) or not isinstance(self.bits, numbers.Integral):
-            raise TypeError(
-                f"{where}: bits must be an int; got {self.bits!r} of type {type(self.bits).__name__}."
-            )
+            raise TypeError(f"{where}: bits must be an int; got {self.bits!r} of type {type(self.bits).__name__}.")
         if self.method == "sign" and self.bits != 1:
             raise ValueError(f"{where}: method 'sign' is binary and needs bits=1; got bits={self.bits}.")
         if self.method != "sign" and not 2 <= self.bits <= MAX_BITS:
-            raise ValueError(
-                f"{where}: method {self.method!r} needs bits in [2, {MAX_BITS}]; got bits={self.bits}."
-            )
+            raise ValueError(f"{where}: method {self.method!r} needs bits in [2, {MAX_BITS}]; got bits={self.bits}.")
         object.__setattr__(self, "bits", int(self.bits))
         if self.granularity not in GRANULARITIES:
-            raise ValueError(
-                f"{where}: granularity must be one of {list(GRANULARITIES)}; got {self.granularity!r}."
-            )
+            raise ValueError(f"{where}: granularity must be one of {list(GRANULARITIES)}; got {self.granularity!r}.")
 
     def describe(self) -> str:
         """A short text such as ``"4-bit lsq (per tensor)"``."""
@@ -355,6 +348,4 @@ def preset(name: str) -> QATConfig:
     try:
         return _PRESETS[name]
     except (KeyError, TypeError):
-        raise ValueError(
-            f"preset: unknown QAT preset {name!r}; it needs to be one of {list(PRESETS)}."
-        ) from None
+        raise ValueError(f"preset: unknown QAT preset {name!r}; it needs to be one of {list(PRESETS)}.") from None

@@ -42,8 +42,7 @@ class InputContract:
         x = np.asarray(x)
         if x.dtype != np.dtype(self.dtype):
             raise TypeError(
-                f"input: expected dtype {self.dtype}; got {x.dtype}. Cast explicitly, e.g. "
-                f"x.astype(np.{self.dtype})."
+                f"input: expected dtype {self.dtype}; got {x.dtype}. Cast explicitly, e.g. x.astype(np.{self.dtype})."
             )
         k = len(self.shape)
         if x.shape == self.shape:

@@ -99,9 +99,7 @@ def apply(
     rate = model_config.dropout
     if train and rate > 0 and len(layers) > 1:
         if key is None:
-            raise TypeError(
-                f"apply: train=True with dropout {rate} needs a PRNG key as the keyword argument `key`."
-            )
+            raise TypeError(f"apply: train=True with dropout {rate} needs a PRNG key as the keyword argument `key`.")
         keys.check_key(key, what="apply: key")
         dropout_keys = list(keys.split(key, len(layers) - 1, where="apply: dropout keys"))
     logits, stats = run(params, x, model_config, qat_config, dropout_keys=dropout_keys)
@@ -163,13 +161,9 @@ def _check_example(x: Any, in_features: int) -> jax.Array:
     dtype = getattr(x, "dtype", None)
     if dtype is None or dtype != jnp.float32:
         got = f"dtype {dtype}" if dtype is not None else f"a {type(x).__name__}"
-        raise TypeError(
-            f"apply: x must be a float32 array; got {got}. Cast explicitly, e.g. x.astype(jnp.float32)."
-        )
+        raise TypeError(f"apply: x must be a float32 array; got {got}. Cast explicitly, e.g. x.astype(jnp.float32).")
     x = jnp.asarray(x)
     if x.shape != (in_features,):
         hint = " A batch needs jax.vmap over apply." if x.ndim == 2 and x.shape[-1] == in_features else ""
-        raise ValueError(
-            f"apply: x must be one example of shape ({in_features},); got shape {x.shape}.{hint}"
-        )
+        raise ValueError(f"apply: x must be one example of shape ({in_features},); got shape {x.shape}.{hint}")
     return x

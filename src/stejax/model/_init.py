@@ -79,9 +79,7 @@ def init_params(
     for i, (layer, k) in enumerate(zip(layers, layer_keys, strict=True)):
         lq = qat_config.layer(i, n)
         std = np.float32(math.sqrt(2.0 / layer.fan_in))
-        w = jax.random.normal(
-            keys.consume(k, where=f"init_params: layer {i} weights"), layer.w_shape, jnp.float32
-        )
+        w = jax.random.normal(keys.consume(k, where=f"init_params: layer {i} weights"), layer.w_shape, jnp.float32)
         w = w * std
         p = {"w": w, "b": jnp.zeros((layer.out_channels,), jnp.float32)}
         if lq.weights is not None and lq.weights.method in STEP_METHODS:

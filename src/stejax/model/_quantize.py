@@ -48,9 +48,7 @@ def round_no_ste(x: jax.Array, step: jax.Array, *, bits: int, signed: bool) -> j
     return jnp.round(jnp.clip(x * (1 / s), -qn, qp)) * s
 
 
-def quantize_weights(
-    w: jax.Array, step: jax.Array | None, q: Quantizer | None
-) -> tuple[jax.Array, jax.Array | None]:
+def quantize_weights(w: jax.Array, step: jax.Array | None, q: Quantizer | None) -> tuple[jax.Array, jax.Array | None]:
     """The layer's weights as the forward pass uses them, and the zero-gradient fraction (None if float)."""
     if q is None:
         return w, None

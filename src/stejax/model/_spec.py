@@ -68,9 +68,7 @@ def architecture(model_config: ModelConfig) -> tuple[Layer, ...]:
     return tuple(layers)
 
 
-def param_spec(
-    model_config: ModelConfig, qat_config: QATConfig
-) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+def param_spec(model_config: ModelConfig, qat_config: QATConfig) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
     """The parameter PyTree's leaves as data: ``{path: (shape, dtype)}``, in layer order.
 
     Paths join the PyTree keys with ``/``: ``"layers/0/w"``. For layer ``i``:
@@ -147,8 +145,7 @@ def check_params(params: Any, spec: dict[str, tuple[tuple[int, ...], Any]]) -> N
       ValueError: params: layers/0/b has shape (9,); expected (16,).
     """
     leaves = {
-        "/".join(_key_name(k) for k in path): leaf
-        for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]
+        "/".join(_key_name(k) for k in path): leaf for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]
     }
     for path, (shape, dtype) in spec.items():
         if path not in leaves:
