@@ -1,0 +1,22 @@
+"""Vector-quantised networks: codebooks that stay alive, FSQ, the metrics, and the digits autoencoder comparison.
+
+Pure functions on plain data: a frozen :class:`Codebook` configuration whose
+methods take and return parameter PyTrees and a :class:`CodebookState`, so that a
+whole training run jits and maps over seeds. Built on the latent estimators of
+:mod:`stejax.estimators.latent`.
+"""
+
+from stejax.vq._codebook import Codebook as Codebook
+from stejax.vq._codebook import CodebookOutput as CodebookOutput
+from stejax.vq._codebook import CodebookState as CodebookState
+from stejax.vq._codebook import kmeans as kmeans
+from stejax.vq._codebook import l2_normalize as l2_normalize
+from stejax.vq._fsq import FSQ as FSQ
+from stejax.vq._fsq import FSQ_LEVELS as FSQ_LEVELS
+from stejax.vq._losses import entropy_loss as entropy_loss
+from stejax.vq._metrics import bits_per_sample as bits_per_sample
+from stejax.vq._metrics import code_histogram as code_histogram
+from stejax.vq._metrics import dead_codes as dead_codes
+from stejax.vq._metrics import perplexity as perplexity
+from stejax.vq._metrics import quantization_error as quantization_error
+from stejax.vq._metrics import usage as usage

@@ -1,0 +1,410 @@
+"""A vector-quantisation codebook: nearest-code lookup with a chosen estimator, and the updates that keep it alive.
+
+Pure functions on plain data, in the style of optax: a frozen :class:`Codebook`
+holds the configuration, its methods take and return PyTrees (``params``, trained
+by gradients; :class:`CodebookState`, updated by the methods), and nothing is
+mutated, so a whole training run can be jitted and mapped over seeds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax.typing import ArrayLike
+
+from stejax import keys
+from stejax.estimators.latent import vq_quantize, vq_ste
+
+__all__ = ["Codebook", "CodebookOutput", "CodebookState", "l2_normalize"]
+
+_DISTANCES = ("euclidean", "cosine")
+_UPDATES = ("gradient", "ema")
+
+
+class CodebookState(NamedTuple):
+    """The running statistics of a codebook (never trained by gradients).
+
+    ``cluster_size`` drives dead-code replacement for both updates; with EMA
+    updates ``embed_sum / smoothed(cluster_size)`` are the codes.
+    """
+
+    cluster_size: jax.Array  # (K,) float32: EMA of how many vectors chose each code per step
+    embed_sum: jax.Array  # (K, codebook_dim) float32: EMA of the sum of the vectors that chose each code
+
+
+class CodebookOutput(NamedTuple):
+    """What :meth:`Codebook.quantize` returns. ``H`` heads, codes of dimension ``d``."""
+
+    quantized: jax.Array  # (..., dim): the codes, projected out, with the estimator's gradient
+    indices: jax.Array  # (..., H) int32: the nearest code of each head
+    vectors: jax.Array  # (..., H, d): the projected (and, for cosine, normalised) inputs
+    codes: jax.Array  # (..., H, d): the chosen codes, before the projection out
+    commitment_loss: jax.Array  # (): mean((vectors - sg(codes))^2), gradient to the encoder only
+    codebook_loss: jax.Array  # (): mean((sg(vectors) - codes)^2), gradient to the codes only (0 with EMA)
+
+
+def l2_normalize(x: ArrayLike, eps: float = 1e-12) -> jax.Array:
+    r"""``x / max(||x||, eps)`` over the last axis; a zero vector stays zero.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> from stejax.vq import l2_normalize
+      >>> l2_normalize(jnp.array([3.0, 4.0]))
+      Array([0.6, 0.8], dtype=float32)
+    """
+    x = jnp.asarray(x)
+    norm = jnp.sqrt(jnp.sum(x * x, axis=-1, keepdims=True))
+    return x / jnp.maximum(norm, eps)
+
+
+def _check_positive_int(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"Codebook: `{name}` must be a positive int; got {value!r}.")
+    return value
+
+
+@dataclasses.dataclass(frozen=True)
+class Codebook:
+    r"""A codebook of ``codebook_size`` codes that quantises ``dim``-wide vectors.
+
+    Forward, per input vector :math:`x \in \mathbb{R}^{\text{dim}}`:
+
+    1. Projection in (only when ``heads * codebook_dim != dim``): :math:`v = W_\text{in} x + b_\text{in}`,
+       reshaped to ``heads`` vectors :math:`v_h \in \mathbb{R}^{d}`, ``d = codebook_dim``.
+    2. Cosine distance: :math:`v_h` and the codes are divided by their norms
+       (:func:`l2_normalize`); then the nearest code by squared euclidean distance is
+       the code of largest cosine similarity.
+    3. :math:`k_h = \arg\min_k \lVert v_h - c_k\rVert^2`, **ties to the lowest index**
+       (exactly :func:`stejax.vq_ste`'s rule: distances in float32 in the difference
+       form), and :math:`q_h = \text{estimator}(v_h, C) = c_{k_h}` exactly.
+    4. Projection out (when there is one in): :math:`y = W_\text{out}\,\text{concat}_h q_h + b_\text{out}`.
+
+    All heads share one codebook. The gradient past the quantiser is the
+    ``estimator``'s: :func:`stejax.vq_quantize` (straight-through, the identity),
+    :func:`stejax.rotation_trick`, or any ``estimator(z, codebook) -> q`` whose
+    forward is the nearest code (check yours with :func:`stejax.verify.check_surrogate`).
+    The estimator treats the codebook as a constant; the codes learn from
+    :attr:`CodebookOutput.codebook_loss` (``update="gradient"``) or from
+    :meth:`update` (``update="ema"``, the codes then get no gradient at all).
+
+    EMA update (van den Oord et al. 2017, appendix; the conventions of
+    vector-quantize-pytorch): with :math:`n_k` the number of vectors that chose
+    code :math:`k` in the batch and :math:`s_k` their sum, decay :math:`\gamma`,
+
+    .. math::
+       N_k \leftarrow \gamma N_k + (1-\gamma) n_k,\qquad
+       m_k \leftarrow \gamma m_k + (1-\gamma) s_k,\qquad
+       \tilde N_k = \frac{N_k + \epsilon}{\sum_j N_j + K\epsilon}\sum_j N_j,\qquad
+       c_k = m_k / \tilde N_k
+
+    (Laplace smoothing keeps an unused code finite; cosine codebooks renormalise
+    :math:`c_k`). :math:`N` is tracked for both updates and drives dead-code
+    replacement: :meth:`replace_dead` replaces every code with
+    :math:`N_k <` ``dead_code_threshold`` by a distinct vector of the batch.
+
+    Attributes:
+      codebook_size: ``K``, the number of codes.
+      dim: the width of the input's last axis.
+      codebook_dim: ``d``, the width of one code (default ``dim // heads``).
+      heads: how many vectors each input is split into (each gets its own index).
+      distance: ``"euclidean"`` or ``"cosine"``.
+      estimator: the function that carries the gradient past the quantiser.
+      update: ``"gradient"`` or ``"ema"``.
+      decay: :math:`\gamma` of the EMA statistics (default 0.99).
+      eps: :math:`\epsilon` of the Laplace smoothing (default 1e-5).
+      dead_code_threshold: replace codes whose :math:`N_k` falls below it (0: never).
+
+    Example:
+      >>> import jax, jax.numpy as jnp
+      >>> from stejax.vq import Codebook
+      >>> cb = Codebook(codebook_size=4, dim=2)
+      >>> params, state = cb.init(key=jax.random.key(0))
+      >>> params = {"codes": jnp.array([[0.0, 0.0], [1.0, 1.0], [2.0, 0.0], [0.0, 2.0]])}
+      >>> out = cb.quantize(params, jnp.array([[0.9, 1.2], [1.8, 0.1]]))
+      >>> out.indices[:, 0]
+      Array([1, 2], dtype=int32)
+      >>> out.quantized
+      Array([[1., 1.],
+             [2., 0.]], dtype=float32)
+
+    Reference:
+      A. van den Oord, O. Vinyals, K. Kavukcuoglu, "Neural Discrete Representation
+      Learning", NeurIPS 2017; P. Wang, vector-quantize-pytorch (EMA, k-means
+      initialisation, dead-code replacement).
+    """
+
+    codebook_size: int
+    dim: int
+    codebook_dim: int | None = None
+    heads: int = 1
+    distance: str = "euclidean"
+    estimator: Callable[..., jax.Array] = vq_quantize
+    update: str = "gradient"
+    decay: float = 0.99
+    eps: float = 1e-5
+    dead_code_threshold: float = 0.0
+
+    def __post_init__(self):
+        _check_positive_int("codebook_size", self.codebook_size)
+        _check_positive_int("dim", self.dim)
+        _check_positive_int("heads", self.heads)
+        if self.codebook_dim is None:
+            if self.dim % self.heads:
+                raise ValueError(
+                    f"Codebook: `dim` ({self.dim}) must be divisible by `heads` ({self.heads}) "
+                    f"when no `codebook_dim` is given."
+                )
+            object.__setattr__(self, "codebook_dim", self.dim // self.heads)
+        _check_positive_int("codebook_dim", self.codebook_dim)
+        if self.distance not in _DISTANCES:
+            raise ValueError(f"Codebook: `distance` must be one of {_DISTANCES}; got {self.distance!r}.")
+        if self.update not in _UPDATES:
+            raise ValueError(f"Codebook: `update` must be one of {_UPDATES}; got {self.update!r}.")
+        if not callable(self.estimator):
+            raise TypeError(
+                f"Codebook: `estimator` must be callable as estimator(z, codebook); got {self.estimator!r}."
+            )
+        if not (isinstance(self.decay, int | float) and 0 <= self.decay < 1):
+            raise ValueError(f"Codebook: `decay` must be a float in [0, 1); got {self.decay!r}.")
+        if not (isinstance(self.eps, int | float) and self.eps > 0):
+            raise ValueError(f"Codebook: `eps` must be a positive float; got {self.eps!r}.")
+        if not (isinstance(self.dead_code_threshold, int | float) and self.dead_code_threshold >= 0):
+            raise ValueError(
+                f"Codebook: `dead_code_threshold` must be a float >= 0 (0 turns replacement off); "
+                f"got {self.dead_code_threshold!r}."
+            )
+
+    @property
+    def has_projection(self) -> bool:
+        """Whether inputs are projected in and out (``heads * codebook_dim != dim``)."""
+        return self.heads * self.codebook_dim != self.dim
+
+    @property
+    def bits(self) -> float:
+        """Bits per input vector: ``heads * log2(codebook_size)``."""
+        return self.heads * math.log2(self.codebook_size)
+
+    # ----------------------------------------------------------------------------------------
+    # Initialisation
+    # ----------------------------------------------------------------------------------------
+
+    def init(self, *, key: jax.Array, dtype=jnp.float32) -> tuple[dict[str, Any], CodebookState]:
+        r"""Fresh parameters and statistics.
+
+        Codes :math:`c_{kd} \sim \mathcal{N}(0, 1)` (unit vectors for cosine);
+        projections (when there are) :math:`W \sim \mathcal{N}(0, 1/\text{fan\_in})`, zero
+        bias. Statistics as vector-quantize-pytorch starts them: :math:`N_k = 1`,
+        :math:`m_k = c_k`.
+
+        Returns:
+          ``(params, state)``: ``params`` has ``"codes"`` ``(K, d)`` and, with a
+          projection, ``"project_in"`` and ``"project_out"`` (each ``{"w", "b"}``).
+        """
+        k_codes, k_in, k_out = keys.split(key, 3, where="Codebook.init: codes, project_in, project_out")
+        shape = (self.codebook_size, self.codebook_dim)
+        codes = jax.random.normal(keys.consume(k_codes, where="Codebook.init codes"), shape, dtype)
+        if self.distance == "cosine":
+            codes = l2_normalize(codes)
+        params: dict[str, Any] = {"codes": codes}
+        if self.has_projection:
+            wide = self.heads * self.codebook_dim
+            params["project_in"] = _dense_init(k_in, self.dim, wide, dtype)
+            params["project_out"] = _dense_init(k_out, wide, self.dim, dtype)
+        state = CodebookState(
+            cluster_size=jnp.ones((self.codebook_size,), jnp.float32),
+            embed_sum=codes.astype(jnp.float32),
+        )
+        return params, state
+
+    # ----------------------------------------------------------------------------------------
+    # The forward pass
+    # ----------------------------------------------------------------------------------------
+
+    def codes(self, params: dict[str, Any]) -> jax.Array:
+        """The codebook as the quantiser sees it: ``(K, d)``, normalised for cosine, no gradient with EMA."""
+        codes = params["codes"]
+        if self.distance == "cosine":
+            codes = l2_normalize(codes)
+        if self.update == "ema":
+            codes = jax.lax.stop_gradient(codes)
+        return codes
+
+    def project(self, params: dict[str, Any], z: ArrayLike) -> jax.Array:
+        """The vectors that are quantised: ``(..., dim) -> (..., heads, d)``, projected in and normalised for cosine."""
+        z = jnp.asarray(z)
+        if z.ndim < 1 or z.shape[-1] != self.dim:
+            raise ValueError(f"Codebook: the input must have shape (..., dim={self.dim}); got shape {z.shape}.")
+        if self.has_projection:
+            z = z @ params["project_in"]["w"] + params["project_in"]["b"]
+        v = z.reshape((*z.shape[:-1], self.heads, self.codebook_dim))
+        return l2_normalize(v) if self.distance == "cosine" else v
+
+    def quantize(self, params: dict[str, Any], z: ArrayLike) -> CodebookOutput:
+        """Quantise ``z`` of shape ``(..., dim)``; see the class docstring for the forward and the gradient."""
+        v = self.project(params, z)
+        codes = self.codes(params)
+        # vq_ste gives the indices (ties to the lowest index) and both losses; the estimator gives q.
+        vq = vq_ste(v, codes.astype(v.dtype))
+        q = self.estimator(v, codes.astype(v.dtype))
+        flat = q.reshape((*q.shape[:-2], self.heads * self.codebook_dim))
+        if self.has_projection:
+            flat = flat @ params["project_out"]["w"] + params["project_out"]["b"]
+        chosen = jnp.take(codes, vq.indices, axis=0)
+        return CodebookOutput(
+            quantized=flat,
+            indices=vq.indices.astype(jnp.int32),
+            vectors=v,
+            codes=chosen,
+            commitment_loss=vq.commitment_loss,
+            codebook_loss=vq.codebook_loss if self.update == "gradient" else jnp.zeros((), vq.codebook_loss.dtype),
+        )
+
+    def loss(self, out: CodebookOutput, *, commitment_weight: float = 0.25, codebook_weight: float = 1.0) -> jax.Array:
+        r"""The auxiliary loss :math:`w_\text{cb}\,\mathcal{L}_\text{codebook} + \beta\,\mathcal{L}_\text{commit}`.
+
+        :math:`\mathcal{L}_\text{codebook}` is 0 with EMA updates (the codes are not
+        trained by gradients); :math:`\beta` is ``commitment_weight`` (0.25 in the paper).
+        """
+        return codebook_weight * out.codebook_loss + commitment_weight * out.commitment_loss
+
+    def indices_to_codes(self, params: dict[str, Any], indices: ArrayLike) -> jax.Array:
+        """The codes of ``indices`` (any shape): ``indices.shape + (d,)``, as :attr:`CodebookOutput.codes`."""
+        return jnp.take(self.codes(params), jnp.asarray(indices), axis=0)
+
+    def codes_to_indices(self, params: dict[str, Any], codes: ArrayLike) -> jax.Array:
+        """The index of the nearest code to each vector of ``codes`` ``(..., d)``; exact for the codebook's own codes
+        (the lowest index among equal codes)."""
+        codes = jnp.asarray(codes)
+        return vq_ste(codes, self.codes(params).astype(codes.dtype)).indices.astype(jnp.int32)
+
+    def decode(self, params: dict[str, Any], indices: ArrayLike) -> jax.Array:
+        """The output ``(..., dim)`` that :meth:`quantize` gives for ``indices`` ``(..., heads)``."""
+        q = self.indices_to_codes(params, indices)
+        flat = q.reshape((*q.shape[:-2], self.heads * self.codebook_dim))
+        if self.has_projection:
+            flat = flat @ params["project_out"]["w"] + params["project_out"]["b"]
+        return flat
+
+    # ----------------------------------------------------------------------------------------
+    # Updates of the statistics and the codes
+    # ----------------------------------------------------------------------------------------
+
+    def update_state(
+        self, params: dict[str, Any], state: CodebookState, out: CodebookOutput
+    ) -> tuple[dict[str, Any], CodebookState]:
+        r"""One EMA step of :math:`N` and :math:`m` from a batch; with ``update="ema"`` also the codes.
+
+        Uses ``out.vectors`` and ``out.indices`` (no gradient flows through it).
+        See the class docstring for the formulas.
+        """
+        v = jax.lax.stop_gradient(out.vectors).reshape(-1, self.codebook_dim).astype(jnp.float32)
+        onehot = jax.nn.one_hot(out.indices.reshape(-1), self.codebook_size, dtype=jnp.float32)
+        counts = jnp.sum(onehot, axis=0)
+        sums = onehot.T @ v
+        g = self.decay
+        cluster_size = g * state.cluster_size + (1 - g) * counts
+        embed_sum = g * state.embed_sum + (1 - g) * sums
+        new_state = CodebookState(cluster_size, embed_sum)
+        if self.update == "ema":
+            params = {**params, "codes": self.ema_codes(new_state).astype(params["codes"].dtype)}
+        return params, new_state
+
+    def ema_codes(self, state: CodebookState) -> jax.Array:
+        r"""The codes :math:`m_k / \tilde N_k` with Laplace-smoothed :math:`\tilde N` (normalised for cosine)."""
+        total = jnp.sum(state.cluster_size)
+        smoothed = (state.cluster_size + self.eps) / (total + self.codebook_size * self.eps) * total
+        codes = state.embed_sum / smoothed[:, None]
+        return l2_normalize(codes) if self.distance == "cosine" else codes
+
+    def replace_dead(
+        self, params: dict[str, Any], state: CodebookState, vectors: ArrayLike, *, key: jax.Array
+    ) -> tuple[dict[str, Any], CodebookState, jax.Array]:
+        r"""Replace every code with :math:`N_k <` ``dead_code_threshold`` by a vector of the batch.
+
+        ``vectors`` ``(..., d)`` are flattened to ``n`` rows; a random permutation of
+        the rows (drawn from ``key``) gives code :math:`k` the row ``perm[k mod n]``,
+        so the replacements are distinct rows when ``n >= K``. A replaced code
+        restarts with :math:`N_k` = the threshold and :math:`m_k = N_k c_k` (as
+        vector-quantize-pytorch). Codes at or above the threshold are untouched,
+        bit for bit.
+
+        Returns:
+          ``(params, state, replaced)`` with ``replaced`` a bool ``(K,)`` mask.
+        """
+        v = jax.lax.stop_gradient(jnp.asarray(vectors)).reshape(-1, self.codebook_dim)
+        n = v.shape[0]
+        dead = state.cluster_size < self.dead_code_threshold
+        perm = jax.random.permutation(keys.consume(key, where="Codebook.replace_dead"), n)
+        picked = v[perm[jnp.arange(self.codebook_size) % n]]
+        if self.distance == "cosine":
+            picked = l2_normalize(picked)
+        codes = jnp.where(dead[:, None], picked.astype(params["codes"].dtype), params["codes"])
+        threshold = jnp.float32(self.dead_code_threshold)
+        cluster_size = jnp.where(dead, threshold, state.cluster_size)
+        embed_sum = jnp.where(dead[:, None], picked.astype(jnp.float32) * threshold, state.embed_sum)
+        return {**params, "codes": codes}, CodebookState(cluster_size, embed_sum), dead
+
+    def kmeans_init(
+        self, params: dict[str, Any], state: CodebookState, vectors: ArrayLike, *, key: jax.Array, iters: int = 10
+    ) -> tuple[dict[str, Any], CodebookState]:
+        r"""Initialise the codes by k-means (Lloyd's algorithm) on ``vectors`` ``(..., d)``.
+
+        The means start at ``K`` rows drawn by a permutation from ``key`` (with
+        repetition when there are fewer rows than codes); each of ``iters``
+        iterations assigns every row to its nearest mean (ties to the lowest index)
+        and moves each mean to the average of its rows; a mean with no rows stays
+        where it is. Cosine codebooks renormalise the means. The statistics restart
+        at :math:`N_k` = the rows of the last assignment, :math:`m_k = N_k c_k`.
+        Deterministic for a key.
+        """
+        v = jax.lax.stop_gradient(jnp.asarray(vectors)).reshape(-1, self.codebook_dim).astype(jnp.float32)
+        means, counts = kmeans(v, self.codebook_size, key=key, iters=iters, cosine=self.distance == "cosine")
+        params = {**params, "codes": means.astype(params["codes"].dtype)}
+        return params, CodebookState(cluster_size=counts, embed_sum=means * counts[:, None])
+
+
+def kmeans(
+    vectors: ArrayLike, n_clusters: int, *, key: jax.Array, iters: int = 10, cosine: bool = False
+) -> tuple[jax.Array, jax.Array]:
+    """Lloyd's k-means on ``vectors`` ``(n, d)``: ``(means (K, d), counts (K,))``; see :meth:`Codebook.kmeans_init`.
+
+    Example:
+      >>> import jax, jax.numpy as jnp
+      >>> from stejax.vq import kmeans
+      >>> x = jnp.array([[0.0], [0.2], [10.0], [10.2]])
+      >>> means, counts = kmeans(x, 2, key=jax.random.key(0))
+      >>> sorted(round(m, 3) for m in means[:, 0].tolist()), counts.tolist()
+      ([0.1, 10.1], [2.0, 2.0])
+    """
+    v = jnp.asarray(vectors, jnp.float32)
+    if v.ndim != 2 or v.shape[0] < 1:
+        raise ValueError(f"kmeans: `vectors` must have shape (n >= 1, d); got shape {v.shape}.")
+    n = v.shape[0]
+    perm = jax.random.permutation(keys.consume(key, where="kmeans: initial means"), n)
+    means = v[perm[jnp.arange(n_clusters) % n]]
+
+    def assign(m):
+        idx = vq_ste(v, m).indices
+        onehot = jax.nn.one_hot(idx, n_clusters, dtype=jnp.float32)
+        return jnp.sum(onehot, axis=0), onehot.T @ v
+
+    def step(_, m):
+        counts, sums = assign(m)
+        new = sums / jnp.maximum(counts, 1)[:, None]
+        if cosine:
+            new = l2_normalize(new)
+        return jnp.where((counts > 0)[:, None], new, m)
+
+    means = jax.lax.fori_loop(0, iters, step, means)
+    counts, _ = assign(means)
+    return means, counts
+
+
+def _dense_init(key: jax.Array, fan_in: int, fan_out: int, dtype) -> dict[str, jax.Array]:
+    w = jax.random.normal(keys.consume(key, where="Codebook.init projection"), (fan_in, fan_out), dtype)
+    return {"w": w / jnp.sqrt(jnp.asarray(fan_in, dtype)), "b": jnp.zeros((fan_out,), dtype)}
