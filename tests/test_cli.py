@@ -17,12 +17,14 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-import stejax.cli
-from stejax.cli import _plain_math, main
+import stejax.cli.catalog
+import stejax.cli.training
+from stejax.cli import main
 from stejax.estimators._core import surrogate
 from stejax.estimators._entry import ArgSpec, Entry, ParamSpec
 from stejax.estimators.catalog import CATALOG, FAMILIES, Catalog
 from stejax.plot import plot_estimator
+from stejax.render import plain_math
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -126,7 +128,8 @@ def _flat(text):
 
 @pytest.fixture
 def toy_catalog(monkeypatch):
-    monkeypatch.setattr(stejax.cli, "CATALOG", TOY_CATALOG)
+    monkeypatch.setattr(stejax.cli.catalog, "CATALOG", TOY_CATALOG)
+    monkeypatch.setattr(stejax.cli.training, "CATALOG", TOY_CATALOG)
     return TOY_CATALOG
 
 
@@ -247,14 +250,15 @@ def test_show_param_for_an_estimator_without_params(runner, tmp_path):
     ],
 )
 def test_param_values_are_python_literals(raw, value):
-    assert stejax.cli._parse_params(TOYS[0], [f"bits={raw}"]) == {"bits": value}
+    assert stejax.cli.catalog._parse_params(TOYS[0], [f"bits={raw}"]) == {"bits": value}
 
 
 def test_demo_writes_plots_and_summary(runner, tmp_path, monkeypatch):
     # One real entry per family and the toys keep this fast; `show` covers every entry.
     firsts = [CATALOG.family(f)[0] for f in FAMILIES if CATALOG.family(f)]
     catalog = Catalog((*firsts, *TOYS))
-    monkeypatch.setattr(stejax.cli, "CATALOG", catalog)
+    monkeypatch.setattr(stejax.cli.catalog, "CATALOG", catalog)
+    monkeypatch.setattr(stejax.cli.training, "CATALOG", catalog)
     # The comparison itself is tested in test_train.py; here only the catalog part.
     monkeypatch.setattr("stejax.train.compare", lambda names, **kwargs: {"summary": {}, "targets": []})
     out = tmp_path / "demo"
@@ -284,7 +288,7 @@ def test_demo_writes_plots_and_summary(runner, tmp_path, monkeypatch):
     ],
 )
 def test_plain_math(latex, plain):
-    assert _plain_math(latex) == plain
+    assert plain_math(latex) == plain
 
 
 def test_plot_estimator_fills_in_default_params(tmp_path):

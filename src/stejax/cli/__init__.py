@@ -1,0 +1,61 @@
+"""The ``stejax`` command line: one thin module per command group.
+
+Each module parses its options, calls library functions and prints; it imports
+the library (and any optional extra) inside its command functions, so that
+``stejax --help`` is fast and a missing extra gives a one-line hint:
+
+============================  =====================================================
+module                        commands
+============================  =====================================================
+:mod:`stejax.cli.catalog`     ``list``, ``show``, ``verify``
+:mod:`stejax.cli.training`    ``train``, ``compare``, ``demo``
+:mod:`stejax.cli.artifacts`   ``export``, ``artifact ...``, ``regress ...``
+:mod:`stejax.cli.serve`       ``serve``
+:mod:`stejax.cli.bench`       ``bench``, ``diagnose``
+============================  =====================================================
+
+To add a command group: write ``stejax/cli/<group>.py`` defining a
+``click.Group`` (or commands) with ``@click.group("<name>")``, then add it to
+``_COMMANDS`` below, one line. Errors: a library refusal of a user's input
+(a missing or malformed file, a bad value) becomes one line naming the file and
+the problem and exit code 2 (see :data:`stejax.cli._common.INPUT_ERRORS`); a
+missing optional dependency becomes the ``pip install 'stejax[extra]'`` line
+and exit code 2. Neither prints a traceback.
+
+Needs the optional extra ``stejax[cli]`` (click, rich, matplotlib); the
+``stejax`` script itself is :func:`stejax.__main__.main`, which says so when it
+is missing.
+"""
+
+from __future__ import annotations
+
+import click
+
+from stejax.cli import artifacts, bench, catalog, serve, training
+from stejax.cli._common import StejaxGroup
+
+__all__ = ["main"]
+
+
+@click.group(cls=StejaxGroup)
+@click.version_option(package_name="stejax")
+def main() -> None:
+    """stejax: straight-through estimators and other surrogate gradients for JAX."""
+
+
+_COMMANDS: tuple[click.Command, ...] = (
+    catalog.list_command,
+    catalog.show,
+    catalog.verify_command,
+    training.train_command,
+    training.compare_command,
+    training.demo,
+    artifacts.export_command,
+    artifacts.artifact_group,
+    artifacts.regress_group,
+    serve.serve_command,
+    bench.bench_command,
+    bench.diagnose_command,
+)
+for _command in _COMMANDS:
+    main.add_command(_command)

@@ -1,0 +1,260 @@
+"""``stejax export``, ``stejax artifact`` and ``stejax regress``: integer export, verified artifacts, the registry.
+
+Needs the extra ``stejax[train]``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+__all__ = ["artifact_group", "export_command", "regress_group"]
+
+
+def _artifact_errors(run):
+    """Run a library call; its refusals (bad artifact, failed gate, existing target) become clean CLI errors."""
+    try:
+        return run()
+    except (ValueError, FileExistsError, FileNotFoundError) as error:
+        raise click.ClickException(f"{type(error).__name__}: {error}") from None
+
+
+def _size_table(size) -> Table:
+    table = Table(title="stored weights per layer")
+    for column in ("layer", "shape", "stored as", "float32 B", "stored B", "ratio", "scales B", "bias B"):
+        table.add_column(column, justify="left" if column in ("layer", "shape", "stored as") else "right")
+    for row in size.layers:
+        table.add_row(
+            Text(str(row.index)),
+            Text("x".join(map(str, row.weight_shape))),
+            Text(row.container),
+            Text(str(row.float32_bytes)),
+            Text(str(row.weight_bytes)),
+            Text(f"1/{round(1 / row.ratio)}" if row.ratio < 1 else "1"),
+            Text(str(row.scale_bytes + row.step_bytes)),
+            Text(str(row.bias_bytes)),
+        )
+    return table
+
+
+def _parity_table(parity) -> Table:
+    table = Table(title="parity with the fake-quantised model, per layer")
+    for column in ("layer", "path", "codes differing", "outputs bitwise"):
+        table.add_column(column, justify="left" if column in ("layer", "path") else "right")
+    for row in parity.layers:
+        table.add_row(
+            Text(str(row.index)),
+            Text(row.path),
+            Text(f"{row.code_mismatches}/{row.input_codes}" if row.input_codes else "float input"),
+            Text(f"{100 * row.output_bitwise:.1f}%"),
+        )
+    return table
+
+
+def _checks_table(title: str, checks: Iterable[Any]) -> Table:
+    table = Table(title=title)
+    for column in ("check", "result", "detail"):
+        table.add_column(column)
+    for check in checks:
+        table.add_row(Text(check.name), Text("passed" if check.passed else "FAILED"), Text(check.detail))
+    return table
+
+
+def _dtypes_option(function):
+    return click.option(
+        "--estimator-dtypes",
+        default=None,
+        metavar="DTYPE,...",
+        help="The dtypes of the estimator checks (default: every dtype the verifier checks).",
+    )(function)
+
+
+def _split_dtypes(text: str | None) -> tuple[str, ...] | None:
+    return None if text is None else tuple(d.strip() for d in text.split(",") if d.strip())
+
+
+@click.command("export")
+@click.argument("run_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True, help="The artifact to write.")
+@click.option("--parent", default=None, metavar="DIR|ID", help="The parent artifact (its directory or id).")
+def export_command(run_dir: Path, out: Path, parent: str | None) -> None:
+    """Export a trained QAT run to integer weights and write the artifact OUT.
+
+    Weights become int8, int4 or int2 codes packed two or four to a byte, or
+    binary codes packed eight to a byte, with float32 scales. The exported model
+    is compared with the fake-quantised one on the test split; OUT is written
+    (atomically) only when every prediction agrees and every logit is within
+    the stated bound.
+    """
+    from stejax.artifacts import save_artifact
+    from stejax.export import export_run
+
+    if out.exists() or out.is_symlink():
+        # Before minutes of export and parity: the artifact could not be written anyway.
+        raise click.ClickException(f"--out {out} exists; artifacts are never overwritten. Nothing was exported.")
+    console = Console()
+    result = _artifact_errors(lambda: export_run(run_dir, require_parity=False))
+    console.print(_size_table(result.size))
+    size = result.size
+    console.print(
+        Text(
+            f"weights {size.weight_bytes} B stored vs {size.float32_weight_bytes} B float32, "
+            f"scales {size.scale_bytes} B; weights.safetensors predicted {size.predicted_file_bytes} B, "
+            f"actual {size.actual_file_bytes} B ({'match' if size.matches else 'MISMATCH'}); the artifact also "
+            f"ships parity.safetensors, {size.evidence_file_bytes} B of parity evidence (the test inputs)"
+        )
+    )
+    console.print(_parity_table(result.parity))
+    console.print(Text(result.parity.summary()))
+    for flip in result.parity.flips:
+        console.print(Text(f"  code flip: {flip}"))
+    if not result.parity.passed:
+        raise click.ClickException("parity failed; no artifact written.")
+    artifact = _artifact_errors(lambda: save_artifact(result, out, parent=parent))
+    on_disk = artifact.file_bytes()
+    table = Table(title="artifact on disk")
+    for column in ("file", "bytes", "holds"):
+        table.add_column(column, justify="right" if column == "bytes" else "left")
+    holds = {
+        "weights.safetensors": "the integer weights and scales",
+        "parity.safetensors": "parity evidence: the test inputs, fake-quant logits, bounds",
+        "manifest.json": "contract, quantisation, hashes, metrics, verification",
+    }
+    for name, n in on_disk.items():
+        table.add_row(Text(name), Text(str(n)), Text(holds.get(name, "")))
+    console.print(table)
+    total = sum(on_disk.values())
+    console.print(Text(f"artifact {artifact.id} written to {artifact.path.resolve()}: {total} B on disk"))
+
+
+@click.group("artifact")
+def artifact_group() -> None:
+    """Verify artifacts and manage a local registry (promote, rollback, current, list)."""
+
+
+@artifact_group.command("verify")
+@click.argument("artifact_dir", type=click.Path(file_okay=False, path_type=Path))
+def artifact_verify(artifact_dir: Path) -> None:
+    """Verify ARTIFACT_DIR: every file's sha256, the safetensors headers, the contract; non-zero exit on any problem."""
+    from stejax.artifacts import load_artifact
+
+    artifact = _artifact_errors(lambda: load_artifact(artifact_dir))
+    console = Console()
+    table = Table(title=f"artifact {artifact.short_id}")
+    for column in ("file", "bytes", "sha256"):
+        table.add_column(column, justify="right" if column == "bytes" else "left")
+    for name, entry in artifact.manifest["files"].items():
+        table.add_row(Text(name), Text(str(entry["bytes"])), Text(entry["sha256"]))
+    console.print(table)
+    quant = artifact.manifest["quantization"]
+    console.print(Text(f"verified: {artifact.id} ({quant['preset']}: {quant['describe']})"))
+
+
+@artifact_group.command("promote")
+@click.argument("artifact_dir", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--registry", "registry_dir", type=click.Path(file_okay=False, path_type=Path), required=True)
+@_dtypes_option
+def artifact_promote(artifact_dir: Path, registry_dir: Path, estimator_dtypes: str | None) -> None:
+    """Run the gate on ARTIFACT_DIR and, if every check passes, make it the registry's current artifact."""
+    from stejax.artifacts import Registry, RegistryError
+
+    console = Console()
+    try:
+        promotion = Registry(registry_dir).promote(artifact_dir, estimator_dtypes=_split_dtypes(estimator_dtypes))
+    except RegistryError as error:
+        if error.report is not None:
+            console.print(_checks_table("release gate", error.report.checks))
+        raise click.ClickException(str(error)) from None
+    except (ValueError, OSError) as error:
+        raise click.ClickException(f"{type(error).__name__}: {error}") from None
+    console.print(_checks_table("release gate", promotion.gate.checks))
+    previous = promotion.previous_id[:12] if promotion.previous_id else "none"
+    console.print(Text(f"current: {promotion.artifact.id} (previous: {previous})"))
+
+
+@artifact_group.command("rollback")
+@click.option("--registry", "registry_dir", type=click.Path(file_okay=False, path_type=Path), required=True)
+def artifact_rollback(registry_dir: Path) -> None:
+    """Make the previous verified artifact current again (nothing is deleted)."""
+    from stejax.artifacts import Registry
+
+    artifact = _artifact_errors(lambda: Registry(registry_dir).rollback())
+    Console().print(Text(f"current: {artifact.id} (rolled back)"))
+
+
+@artifact_group.command("current")
+@click.option("--registry", "registry_dir", type=click.Path(file_okay=False, path_type=Path), required=True)
+def artifact_current(registry_dir: Path) -> None:
+    """Print the current artifact's id and directory (verified on the way)."""
+    from stejax.artifacts import Registry
+
+    artifact = _artifact_errors(lambda: Registry(registry_dir).current())
+    if artifact is None:
+        raise click.ClickException(f"{registry_dir}: nothing promoted yet.")
+    Console().print(Text(f"{artifact.id} {artifact.path}"))
+
+
+@artifact_group.command("list")
+@click.option("--registry", "registry_dir", type=click.Path(file_okay=False, path_type=Path), required=True)
+def artifact_list(registry_dir: Path) -> None:
+    """List the registry's artifacts: id, status, when promoted, preset, parent.
+
+    A torn last line of the event log (a crash mid-append) is named and ignored;
+    the state does not depend on the log.
+    """
+    from stejax.artifacts import Registry
+
+    registry = Registry(registry_dir)
+    entries = _artifact_errors(registry.list)
+    torn = _artifact_errors(registry.torn_tail)
+    table = Table(title=f"registry {registry_dir}")
+    for column in ("id", "status", "promoted", "preset", "parent"):
+        table.add_column(column)
+    for entry in entries:
+        table.add_row(
+            Text(entry.id[:12]),
+            Text(entry.status),
+            Text(entry.promoted or "-"),
+            Text(entry.preset or "-"),
+            Text(entry.parent[:12] if entry.parent else "-"),
+        )
+    Console().print(table)
+    if torn is not None:
+        Console().print(Text(f"note: {torn}"))
+
+
+@click.group("regress")
+def regress_group() -> None:
+    """Record and check an artifact's regression set."""
+
+
+@regress_group.command("record")
+@click.argument("artifact_dir", type=click.Path(file_okay=False, path_type=Path))
+def regress_record(artifact_dir: Path) -> None:
+    """Store ARTIFACT_DIR/regression: fixed inputs (a batch, one example, zeros, ties, a bad shape) and outputs."""
+    from stejax.regress import record
+
+    path = _artifact_errors(lambda: record(artifact_dir))
+    Console().print(Text(f"regression set written to {path.resolve()}"))
+
+
+@regress_group.command("check")
+@click.argument("artifact_dir", type=click.Path(file_okay=False, path_type=Path))
+def regress_check(artifact_dir: Path) -> None:
+    """Recompute ARTIFACT_DIR's regression set and compare at the stated per-dtype tolerances."""
+    from stejax.regress import check
+
+    report = _artifact_errors(lambda: check(artifact_dir))
+    console = Console()
+    console.print(_checks_table("regression set", report.cases))
+    for problem in report.problems:
+        console.print(Text(f"problem: {problem}"))
+    console.print(Text(report.summary()))
+    if not report.passed:
+        raise SystemExit(1)

@@ -1,0 +1,178 @@
+"""``stejax bench`` and ``stejax diagnose``: measurements and fault localisation."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from stejax.cli.catalog import lookup
+
+__all__ = ["bench_command", "diagnose_command"]
+
+_BENCH_SUITES = ("estimators", "train", "inference", "peers", "all")
+
+
+@click.command("bench")
+@click.option(
+    "--suite",
+    "suites",
+    multiple=True,
+    type=click.Choice(_BENCH_SUITES),
+    default=("all",),
+    show_default=True,
+    help="A suite to run (repeatable).",
+)
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    required=True,
+    help="Folder for bench.json, bench.md and bench.png.",
+)
+@click.option(
+    "--repeats", type=click.IntRange(min=1), default=None, help="Timed rounds per group (default 30; quick 5)."
+)
+@click.option(
+    "--warmup", type=click.IntRange(min=1), default=None, help="Untimed calls per variant (default 3; quick 1)."
+)
+@click.option("--quick", is_flag=True, help="Small models and inputs: a check that every suite runs, in seconds.")
+@click.option("--estimator", "estimators", multiple=True, metavar="NAME", help="Only this estimator (repeatable).")
+def bench_command(
+    suites: tuple[str, ...],
+    out: Path,
+    repeats: int | None,
+    warmup: int | None,
+    quick: bool,
+    estimators: tuple[str, ...],
+) -> None:
+    """Measure: estimators, training steps, inference and peer libraries, after warm-up and compilation.
+
+    Every call is waited for (block_until_ready) and repeated in interleaved
+    rounds; the report gives min, p50, p90, p99 and max, compile counts, ratios
+    of interleaved runs, the machine and the versions, in OUT/bench.json,
+    OUT/bench.md and OUT/bench.png. Exit 1 if a suite fails or an estimator's forms compute different gradients.
+    """
+    from stejax.bench import BenchSettings, run_bench
+
+    for name in estimators:
+        lookup(name)
+    settings = BenchSettings.make(quick=quick, repeats=repeats, warmup=warmup)
+    console = Console()
+
+    def on_event(event: Mapping[str, Any]) -> None:
+        console.print(Text(f"running the {event['suite']} suite ..."))
+
+    report = run_bench(suites, out_dir=out, settings=settings, estimators=estimators or None, on_event=on_event)
+    for name, suite in report["suites"].items():
+        if suite["status"] != "ok":
+            console.print(Text(f"{name}: {suite['status']}: {suite['note']}"))
+        else:
+            console.print(_bench_estimators_table(suite) if name == "estimators" else _bench_table(name, suite))
+        for note in suite.get("notes", []):
+            console.print(Text(f"  note: {note}"))
+    console.print(Text(f"{report['wall_seconds']:.1f} s; report: {(out / 'bench.md').resolve()}"))
+    disagree = [
+        g["name"]
+        for g in report["suites"].get("estimators", {}).get("groups", [])
+        if g.get("info", {}).get("status") == "failed"
+    ]
+    if disagree:
+        console.print(Text(f"FAILED: gradients of the compared forms differ for {', '.join(disagree)}"))
+    if disagree or any(s["status"] == "error" for s in report["suites"].values()):
+        raise SystemExit(1)
+
+
+def _bench_table(name: str, suite: Mapping[str, Any]) -> Table:
+    table = Table(title=f"{name} ({suite['seconds']:.1f} s): ms per call")
+    for column in ("group", "variant", "p50", "min", "p90", "p99", "max", "compiles", "ratio p50"):
+        table.add_column(column, justify="left" if column in ("group", "variant") else "right")
+    for group in suite["groups"]:
+        for variant, m in group["variants"].items():
+            s = m["stats_ms"]
+            mine = [(k.partition("/")[2], r["p50"]) for k, r in group["ratios"].items() if k.startswith(f"{variant}/")]
+            ratio = f"{mine[0][1]:.3f} vs {mine[0][0]}" if mine else ""
+            table.add_row(
+                Text(group["name"]),
+                Text(variant),
+                *(Text(f"{s[k]:.4f}") for k in ("p50_ms", "min_ms", "p90_ms", "p99_ms", "max_ms")),
+                Text(f"{m['compiles_warmup']}/{m['compiles_timed']}"),
+                Text(ratio),
+            )
+    return table
+
+
+def _bench_estimators_table(suite: Mapping[str, Any]) -> Table:
+    table = Table(title=f"estimators ({suite['seconds']:.1f} s): forward + gradient, ms p50")
+    for column in ("estimator", "ours", "stop_gradient", "fused", "ours/sg", "ours/fused"):
+        table.add_column(column, justify="left" if column == "estimator" else "right")
+    for g in suite["groups"]:
+        cells = [
+            f"{g['variants'][v]['stats_ms']['p50_ms']:.4f}" if v in g["variants"] else "n/a"
+            for v in ("ours", "stop_gradient", "fused")
+        ]
+        ratios = [
+            f"{g['ratios'][r]['p50']:.3f}" if r in g["ratios"] else "n/a" for r in ("ours/stop_gradient", "ours/fused")
+        ]
+        table.add_row(Text(g["name"]), *(Text(c) for c in cells + ratios))
+    return table
+
+
+@click.command("diagnose")
+@click.option(
+    "--run",
+    "run_dir",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    default=None,
+    help="A run directory (stejax train --out DIR): diagnose its reference pipeline.",
+)
+@click.option("--pipeline", "factory", metavar="MODULE:FACTORY", default=None, help="A function returning a Pipeline.")
+@click.option("--examples", type=click.IntRange(min=1), default=2, show_default=True, help="Examples to run on.")
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Also write diagnose.json and diagnose.md here.",
+)
+def diagnose_command(run_dir: Path | None, factory: str | None, examples: int, out: Path | None) -> None:
+    """Find the first stage at which a training pipeline goes wrong; exit 1 if one does.
+
+    Stages: data, keys, shapes, forward, loss, gradients, update (eagerly, jit
+    disabled), then jit, vmap and grad added back one at a time and compared
+    leaf by leaf with the eager results.
+    """
+    import os
+
+    from stejax.diagnose import diagnose, load_pipeline, pipeline_from_run
+
+    if (run_dir is None) == (factory is None):
+        raise click.UsageError("give exactly one of --run DIR or --pipeline MODULE:FACTORY.")
+    try:
+        if run_dir is not None:
+            pipeline = pipeline_from_run(run_dir)
+        else:
+            pipeline = load_pipeline(factory, path=os.getcwd())
+    except (ValueError, ImportError, AttributeError, TypeError, FileNotFoundError) as error:
+        hint = "--run" if run_dir is not None else "--pipeline"
+        raise click.BadParameter(str(error), param_hint=hint) from None
+    except RuntimeError as error:
+        raise click.ClickException(str(error)) from None
+    report = diagnose(pipeline, examples=examples)
+    console = Console()
+    table = Table(title=f"diagnose {report.pipeline} ({report.examples} example(s))")
+    for column in ("stage", "outcome", "found"):
+        table.add_column(column, overflow="fold")
+    for stage in report.stages:
+        outcome = {"passed": "passed", "failed": "[red]FAILED[/red]"}.get(stage.status, stage.status)
+        table.add_row(Text(stage.stage), outcome, Text(stage.why))
+    console.print(table)
+    console.print(Text(report.summary()))
+    if out is not None:
+        json_path, md_path = report.write(out)
+        console.print(Text(f"wrote {json_path} and {md_path}"))
+    if not report.ok:
+        raise SystemExit(1)

@@ -1,0 +1,238 @@
+"""``stejax list``, ``stejax show`` and ``stejax verify``: the estimator catalog and the verifier."""
+
+from __future__ import annotations
+
+import ast
+import difflib
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from stejax.estimators._entry import Entry
+from stejax.estimators.catalog import CATALOG, FAMILIES
+from stejax.render import default_text, derivative_math, first_paragraph, input_text, plain_math
+
+__all__ = ["list_command", "show", "verify_command"]
+
+
+@click.command("list")
+@click.option("--family", type=click.Choice(FAMILIES), default=None, help="Only this family.")
+def list_command(family: str | None) -> None:
+    """List the estimators with their math and paper.
+
+    One row per estimator: name, family, forward function, surrogate
+    derivative (both in a plain-text reading of the LaTeX) and reference.
+    """
+    entries = [e for e in CATALOG.values() if family is None or e.family == family]
+    Console().print(_catalog_table(entries))
+
+
+@click.command()
+@click.argument("name")
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Where to write the plot (default: NAME.png in the working directory).",
+)
+@click.option(
+    "--param",
+    "param_pairs",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="A hyperparameter, e.g. --param bits=4; VALUE is a Python literal (a bare word is a string).",
+)
+def show(name: str, out: Path | None, param_pairs: tuple[str, ...]) -> None:
+    """Describe one estimator and plot it.
+
+    Prints the forward function and surrogate derivative (plain text and
+    LaTeX), kinks and ties, parameters, extra arrays, the reference and the
+    docstring's summary, and writes a PNG of the forward function and the
+    surrogate derivative.
+    """
+    entry = lookup(name)
+    params = _parse_params(entry, param_pairs)
+    # Plot first: the estimator validates the parameters before anything is printed.
+    out = out if out is not None else Path(f"{entry.name}.png")
+    path = _plot(entry, out, params, user_params=bool(param_pairs))
+    console = Console()
+    _print_entry(console, entry)
+    console.print(Text(f"plot: {path.resolve()}"))
+
+
+@click.command("verify")
+@click.argument("target", required=False, metavar="[NAME | MODULE:FUNC]")
+@click.option("--all", "verify_all", is_flag=True, help="Verify every catalog member.")
+@click.option("--reference", metavar="MODULE:FUNC", help="The exact forward function (user estimators).")
+@click.option("--derivative", metavar="MODULE:FUNC", help="The declared surrogate derivative (user estimators).")
+@click.option("--boundary", "boundaries", type=float, multiple=True, help="A kink or tie of the first argument.")
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("."),
+    show_default=True,
+    help="Folder for verify-report.json and verify-report.md.",
+)
+def verify_command(
+    target: str | None,
+    verify_all: bool,
+    reference: str | None,
+    derivative: str | None,
+    boundaries: tuple[float, ...],
+    out: Path,
+) -> None:
+    """Check estimators against their declarations; exit 0 only if every check passes.
+
+    `stejax verify --all` checks the whole catalog; `stejax verify NAME` one
+    member; `stejax verify MODULE:FUNC --reference MODULE:FUNC --derivative
+    MODULE:FUNC [--boundary B ...]` a user's estimator.
+    """
+    import os
+
+    from stejax import verify
+
+    console = Console()
+    if verify_all == (target is not None):
+        raise click.UsageError("give exactly one of --all or a NAME / MODULE:FUNC.")
+    if verify_all:
+        report = verify.check_catalog()
+    elif ":" in target:
+        if reference is None or derivative is None:
+            raise click.UsageError("a user estimator needs --reference MODULE:FUNC and --derivative MODULE:FUNC.")
+        try:
+            fn, ref, der = (verify.load_callable(spec, path=os.getcwd()) for spec in (target, reference, derivative))
+        except (ValueError, ImportError, AttributeError, TypeError) as error:
+            raise click.BadParameter(str(error)) from None
+        report = verify.check_surrogate(fn, reference=ref, derivative=der, boundaries=boundaries)
+    else:
+        report = verify.check_estimator(lookup(target))
+    reports = report.values() if isinstance(report, verify.CatalogReport) else (report,)
+    for one in reports:
+        table = Table(title=f"{one.subject}: {'ok' if one.ok else 'FAILED'}")
+        table.add_column("check")
+        table.add_column("passed")
+        table.add_column("detail", overflow="fold")
+        for check in one.checks:
+            if verify_all and check.passed:
+                continue
+            table.add_row(check.name, "yes" if check.passed else "[red]no[/red]", check.detail)
+        if not verify_all or not one.ok:
+            console.print(table)
+    json_path, md_path = verify.write_report(report, out)
+    console.print(report.summary())
+    console.print(f"wrote {json_path} and {md_path}")
+    if not report.ok:
+        raise SystemExit(1)
+
+
+def lookup(name: str) -> Entry:
+    if name in CATALOG:
+        return CATALOG[name]
+    close = difflib.get_close_matches(name, list(CATALOG), n=5, cutoff=0.5)
+    hint = f"did you mean: {', '.join(close)}?" if close else f"known: {', '.join(CATALOG)}."
+    raise click.BadParameter(f"no estimator named {name!r}; {hint}", param_hint="NAME")
+
+
+def _parse_params(entry: Entry, pairs: Iterable[str]) -> dict[str, Any]:
+    """``KEY=VALUE`` strings to keyword arguments of ``entry``; VALUE through ``ast.literal_eval``."""
+    known = [p.name for p in entry.params]
+    params: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        key, raw = key.strip(), raw.strip()
+        if not sep or not key:
+            raise click.BadParameter(f"expected KEY=VALUE, got {pair!r}.", param_hint="--param")
+        if key not in known:
+            expected = ", ".join(known) if known else "none (it takes no parameters)"
+            raise click.BadParameter(
+                f"{entry.name} has no parameter {key!r}; its parameters: {expected}.", param_hint="--param"
+            )
+        try:
+            params[key] = ast.literal_eval(raw)
+        except (ValueError, SyntaxError):
+            if not raw.isidentifier():
+                raise click.BadParameter(
+                    f"{key}: expected a Python literal (4, 0.5, (3, 5), True, 'text'), got {raw!r}.",
+                    param_hint="--param",
+                ) from None
+            params[key] = raw
+    return params
+
+
+def _plot(entry: Entry, out: Path, params: Mapping[str, Any], *, user_params: bool) -> Path:
+    from stejax.plot import plot_estimator
+
+    try:
+        return plot_estimator(entry, out, params=params)
+    except (ValueError, TypeError) as error:
+        if not user_params:
+            raise
+        # The estimator rejected a value the user gave: a usage error, not a crash.
+        raise click.BadParameter(str(error), param_hint="--param") from None
+
+
+def _catalog_table(entries: Iterable[Entry]) -> Table:
+    entries = list(entries)
+    table = Table(title="stejax estimators", show_lines=False)
+    width = max((len(e.name) for e in entries), default=4)
+    table.add_column("name", no_wrap=True, min_width=width, style="bold")
+    table.add_column("family", no_wrap=True)
+    table.add_column("forward", overflow="fold")
+    table.add_column("surrogate derivative", overflow="fold")
+    table.add_column("reference", overflow="fold")
+    for e in entries:
+        table.add_row(
+            Text(e.name),
+            Text(e.family),
+            Text(plain_math(e.forward_math)),
+            Text(plain_math(derivative_math(e))),
+            Text(e.reference),
+        )
+    return table
+
+
+def _print_entry(console: Console, entry: Entry) -> None:
+    console.rule(Text(f"{entry.name}  ({entry.family})"))
+    summary = first_paragraph(entry.fn)
+    if summary:
+        console.print(Text(summary))
+    rows = [
+        ("forward", plain_math(entry.forward_math)),
+        ("  LaTeX", entry.forward_math),
+        ("surrogate derivative", plain_math(derivative_math(entry))),
+        ("  LaTeX", entry.derivative_math),
+        ("kinks and ties", entry.kinks),
+        ("integral of the surrogate", entry.integral),
+        ("input", input_text(entry)),
+        ("random", "yes: needs key=<PRNG key>" if entry.random else ""),
+        ("reference", entry.reference),
+    ]
+    facts = Table.grid(padding=(0, 2))
+    facts.add_column(style="bold", no_wrap=True)
+    facts.add_column(overflow="fold")
+    for label, value in rows:
+        if value:
+            facts.add_row(Text(label), Text(value))
+    console.print(facts)
+
+    if entry.params:
+        params = Table(title="parameters", title_justify="left")
+        for column in ("name", "default", "values tried", "meaning"):
+            params.add_column(column, overflow="fold")
+        for p in entry.params:
+            default = default_text(entry, p) or f"required (e.g. {p.values[0]!r})"
+            values = ", ".join(repr(v) for v in p.values)
+            params.add_row(Text(p.name), Text(default), Text(values), Text(p.doc))
+        console.print(params)
+    if entry.args:
+        args = Table(title="extra positional arrays", title_justify="left")
+        for column in ("name", "differentiable", "meaning"):
+            args.add_column(column, overflow="fold")
+        for a in entry.args:
+            args.add_row(Text(a.name), Text("yes" if a.differentiable else "no"), Text(a.doc))
+        console.print(args)

@@ -1,0 +1,147 @@
+"""``stejax serve``: the HTTP inference service. Needs the extra ``stejax[serve]``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.text import Text
+
+__all__ = ["serve_command"]
+
+_ADMIN_TOKEN_ENV = "STEJAX_ADMIN_TOKEN"
+
+
+@click.command("serve")
+@click.option(
+    "--artifact",
+    "artifact_dir",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    default=None,
+    help="Serve this artifact directory.",
+)
+@click.option(
+    "--registry",
+    "registry_dir",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    default=None,
+    help="Serve this registry's current artifact; reloads promote through it, rollback rolls it back.",
+)
+@click.option("--host", default="127.0.0.1", show_default=True, help="The address to bind.")
+@click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True, help="The port to bind.")
+@click.option("--buckets", default="1,8,32,128", show_default=True, metavar="N,...", help="Batch buckets.")
+@click.option(
+    "--oversize",
+    type=click.Choice(["split", "refuse"]),
+    default="split",
+    show_default=True,
+    help="Requests above the largest bucket: run in chunks, or refuse with 413.",
+)
+@click.option("--max-rows", type=click.IntRange(min=1), default=1024, show_default=True, help="Rows per request.")
+@click.option(
+    "--max-body-bytes", type=click.IntRange(min=1), default=4 * 1024 * 1024, show_default=True, help="Body limit."
+)
+@click.option(
+    "--batch-wait-ms",
+    type=click.FloatRange(min=0),
+    default=2.0,
+    show_default=True,
+    help="The longest a request waits for others to share its bucket.",
+)
+@click.option("--micro-batching/--no-micro-batching", default=True, show_default=True)
+@click.option(
+    "--max-connections",
+    type=click.IntRange(min=1),
+    default=256,
+    show_default=True,
+    help="Concurrent connections; beyond them uvicorn answers 503.",
+)
+@click.option(
+    "--admin-token-file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help=f"The admin bearer token (else ${_ADMIN_TOKEN_ENV}); without one the admin endpoints are off.",
+)
+@click.option(
+    "--log-level",
+    type=click.Choice(["critical", "error", "warning", "info", "debug"]),
+    default="info",
+    show_default=True,
+)
+def serve_command(
+    artifact_dir: Path | None,
+    registry_dir: Path | None,
+    host: str,
+    port: int,
+    buckets: str,
+    oversize: str,
+    max_rows: int,
+    max_body_bytes: int,
+    batch_wait_ms: float,
+    micro_batching: bool,
+    max_connections: int,
+    admin_token_file: Path | None,
+    log_level: str,
+) -> None:
+    """Serve a verified artifact over HTTP: POST /v1/predict, /metrics, /healthz, /readyz, /admin/*.
+
+    Every bucket is compiled at start-up (no request ever compiles); /readyz
+    answers 200 once that is done and the artifact passed its gate. Bound to
+    127.0.0.1 unless --host says otherwise. The admin endpoints (reload,
+    rollback, status) are on only with a token from --admin-token-file or
+    $STEJAX_ADMIN_TOKEN.
+    """
+    import logging
+    import os
+
+    import uvicorn
+
+    from stejax.serve import ArtifactSource, RegistrySource, ServeConfig, create_app
+
+    if (artifact_dir is None) == (registry_dir is None):
+        raise click.UsageError("give exactly one of --artifact DIR or --registry DIR.")
+    try:
+        bucket_sizes = tuple(int(b) for b in buckets.split(","))
+    except ValueError:
+        raise click.BadParameter(f"expected comma-separated ints, e.g. 1,8,32,128; got {buckets!r}.") from None
+    if admin_token_file is not None:
+        token = admin_token_file.read_text(encoding="utf-8").strip()
+        if not token:
+            raise click.BadParameter(f"{admin_token_file} is empty.", param_hint="--admin-token-file")
+    else:
+        token = os.environ.get(_ADMIN_TOKEN_ENV, "").strip() or None
+    try:
+        config = ServeConfig(
+            buckets=bucket_sizes,
+            oversize=oversize,
+            max_rows=max_rows,
+            max_body_bytes=max_body_bytes,
+            micro_batching=micro_batching,
+            batch_wait_ms=batch_wait_ms,
+            admin_token=token,
+        )
+    except ValueError as error:
+        raise click.BadParameter(str(error)) from None
+    if artifact_dir is not None:
+        source = ArtifactSource(artifact_dir)
+    else:
+        from stejax.artifacts import Registry
+
+        source = RegistrySource(Registry(registry_dir))
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    console = Console()
+    console.print(
+        Text(
+            f"stejax serve: {source.description} on http://{host}:{port} (buckets {list(config.buckets)}, "
+            f"admin {'on' if token else 'off'}); /readyz turns 200 when every bucket is compiled"
+        )
+    )
+    uvicorn.run(
+        create_app(source, config),
+        host=host,
+        port=port,
+        log_level=log_level,
+        limit_concurrency=max_connections,
+        server_header=False,
+    )

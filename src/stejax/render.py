@@ -1,0 +1,235 @@
+"""Plain-text and Markdown renderings of the estimator catalog.
+
+One place for how an estimator's math and facts read outside Python: ``stejax
+list`` and ``stejax show`` print :func:`plain_math` (a Unicode reading of the
+catalog's LaTeX), and ``docs/generate.py`` writes the catalog page with
+:func:`render_page`. Both read only the catalog entries, so the terminal and the
+documentation cannot disagree.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from collections.abc import Iterable
+from typing import Any
+
+from stejax.estimators._entry import Entry, ParamSpec
+from stejax.estimators.catalog import FAMILIES
+
+__all__ = [
+    "IMAGES",
+    "catalog_markdown",
+    "default_text",
+    "derivative_math",
+    "first_paragraph",
+    "input_text",
+    "plain_math",
+    "render_entry",
+    "render_page",
+    "table_math",
+]
+
+# The folder of the pictures, relative to the catalog page.
+IMAGES = "img"
+
+# fmt: off
+_SYMBOLS = {
+    "lfloor": "⌊", "rfloor": "⌋", "lceil": "⌈", "rceil": "⌉", "partial": "∂", "sim": "~",
+    "le": "≤", "leq": "≤", "ge": "≥", "geq": "≥", "ne": "≠", "neq": "≠", "approx": "≈",
+    "cdot": "·", "times": "×", "in": "∈", "infty": "∞", "pm": "±", "mp": "∓", "to": "→",
+    "mapsto": "↦", "sum": "Σ", "prod": "Π", "lVert": "‖", "rVert": "‖", "Vert": "‖", "|": "‖",
+    "vert": "|", "lvert": "|", "rvert": "|", "langle": "⟨", "rangle": "⟩", "odot": "⊙",
+    "alpha": "α", "beta": "β", "gamma": "γ", "delta": "δ", "Delta": "Δ", "epsilon": "ε",
+    "varepsilon": "ε", "eta": "η", "theta": "θ", "lambda": "λ", "mu": "μ", "pi": "π",
+    "sigma": "σ", "tau": "τ", "phi": "φ", "omega": "ω", "Theta": "Θ",
+    "operatorname": "", "mathrm": "", "text": "", "mathbf": "", "mathit": "", "left": "", "right": "",
+    "quad": "  ", "qquad": "   ", ",": " ", ";": " ", " ": " ", "!": "",
+    **{f: f for f in ("tanh", "exp", "log", "ln", "sin", "cos", "max", "min", "sgn", "arg")},
+}
+# fmt: on
+# Commands after which LaTeX's separating space is dropped: "\partial y" reads "∂y", "\alpha x" "αx".
+_JOINED = {"partial", "operatorname", "mathrm", "text", "mathbf", "mathit", "left", "right"} | {
+    name for name, char in _SYMBOLS.items() if len(char) == 1 and char.isalpha()
+}
+
+
+def plain_math(latex: str) -> str:
+    """A readable plain-text form of ``latex`` for the terminal; unknown commands stay as written."""
+    text = latex.replace(r"\mathbb{1}", "𝟙")
+
+    def symbol(match: re.Match[str]) -> str:
+        name = match.group(1) or match.group(2)
+        if name not in _SYMBOLS:
+            return match.group(0)
+        space = "" if name in _JOINED else match.group(0)[len(name) + 1 :]
+        return _SYMBOLS[name] + space
+
+    # A command name ends at its first non-letter and may eat one space, as in LaTeX.
+    text = re.sub(r"\\([A-Za-z]+) ?|\\([|,;! ])", symbol, text)
+    # \frac{a}{b} -> a/b, parenthesised unless single tokens; nested fractions stay LaTeX.
+    text = re.sub(r"\\[dt]?frac\{([^{}]*)\}\{([^{}]*)\}", lambda m: f"{_atom(m[1])}/{_atom(m[2])}", text)
+    if re.search(r"\\[A-Za-z]", text):
+        # A command this reader does not know: the LaTeX as written is clearer than half a translation.
+        return " ".join(latex.split())
+    # Braces that only grouped (after \text, \operatorname, ...) go.
+    text = re.sub(r"(?<!\\)[{}]", "", text)
+    text = " ".join(text.split())
+    return re.sub(r" ([⌋⌉⟩])", r"\1", re.sub(r"([⌊⌈⟨]) ", r"\1", text))
+
+
+def _atom(text: str) -> str:
+    return text if re.fullmatch(r"\w+", text) else f"({text})"
+
+
+def default_text(entry: Entry, spec: ParamSpec) -> str | None:
+    """The default's repr as the signature has it, or None when the parameter is required.
+
+    A ParamSpec default of None may mean "required" or "defaults to None"; the
+    estimator's signature decides.
+    """
+    if spec.default is not None:
+        return repr(spec.default)
+    try:
+        param = inspect.signature(entry.fn).parameters.get(spec.name)
+    except (TypeError, ValueError):
+        param = None
+    if param is not None and param.default is not inspect.Parameter.empty:
+        return repr(param.default)
+    return None
+
+
+def derivative_math(entry: Entry) -> str:
+    if entry.derivative_math:
+        return entry.derivative_math
+    return "a tangent map (non-diagonal Jacobian)" if entry.tangent is not None else ""
+
+
+def input_text(entry: Entry) -> str:
+    if entry.input_rank == 0:
+        return ""
+    return f"rank >= {entry.input_rank}; the last axis is the code (channel) dimension"
+
+
+def first_paragraph(fn: Any) -> str:
+    doc = inspect.getdoc(fn) or ""
+    return " ".join(doc.strip().split("\n\n")[0].split())
+
+
+def catalog_markdown(entries: Iterable[Entry], *, image_dir: str) -> str:
+    """A Markdown summary table of ``entries``, each row linking to its plot in ``image_dir``."""
+    lines = [
+        "# stejax estimators",
+        "",
+        "| name | family | forward | surrogate derivative | reference | plot |",
+        "|---|---|---|---|---|---|",
+    ]
+    for e in entries:
+        cells = [
+            f"`{e.name}`",
+            e.family,
+            table_math(e.forward_math),
+            table_math(e.derivative_math) or derivative_math(e),
+            e.reference.replace("|", "/"),
+            f"[png]({image_dir}/{e.name}.png)",
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def table_math(latex: str) -> str:
+    # A bare | ends a Markdown table cell; \vert and \Vert typeset the same bars.
+    if not latex:
+        return ""
+    return "$" + latex.replace("\\|", "\\Vert ").replace("|", "\\vert ") + "$"
+
+
+def render_page(entries: Iterable[Entry]) -> str:
+    """The catalog page (``docs/estimators.md``): a summary table, then one section per estimator by family."""
+    entries = list(entries)
+    lines = [
+        "# Estimators",
+        "",
+        "<!-- Generated by docs/generate.py from stejax's catalog; do not edit by hand. -->",
+        "",
+        f"{len(entries)} estimators. Each section gives the exact forward function, the declared "
+        "surrogate derivative, the behaviour at kinks and ties, the static parameters, and the paper. "
+        "The left panel of each picture is the forward function and the right panel the surrogate "
+        "derivative, with kinks and ties as dotted lines; its caption says how inputs of rank 1, "
+        "extra arrays and random draws were handled.",
+        "",
+        "| name | family | forward | surrogate derivative |",
+        "|---|---|---|---|",
+    ]
+    for e in entries:
+        link = f"[`{e.name}`](#{_anchor(e.name)})"
+        derivative = table_math(e.derivative_math) or _tangent_note(e)
+        lines.append(f"| {link} | {e.family} | {table_math(e.forward_math)} | {derivative} |")
+    for family in FAMILIES:
+        members = [e for e in entries if e.family == family]
+        if not members:
+            continue
+        lines += ["", f"## {family.capitalize()}"]
+        for e in members:
+            lines += ["", *render_entry(e)]
+    return "\n".join(lines) + "\n"
+
+
+def render_entry(e: Entry) -> list[str]:
+    """One estimator's section of the catalog page, as Markdown lines."""
+    lines = [f"### `{e.name}`", ""]
+    summary = first_paragraph(e.fn)
+    if summary:
+        lines += [summary, ""]
+    call = ", ".join(["x", *(a.name for a in e.args), *(f"{p.name}=..." for p in e.params)])
+    if e.random:
+        call += ", key=key"
+    lines += [f"`stejax.{e.name}({call})`", ""]
+    lines += ["**Forward**", "", f"$$ {e.forward_math} $$", ""]
+    lines += ["**Surrogate derivative**", ""]
+    if e.derivative_math:
+        lines += [f"$$ {e.derivative_math} $$", ""]
+    if e.derivative is None:
+        lines += [_tangent_note(e) + ".", ""]
+    if e.kinks:
+        lines += [f"**Kinks and ties.** {e.kinks}", ""]
+    if e.integral:
+        lines += [f"**Integral of the surrogate.** {e.integral}", ""]
+    if e.input_rank:
+        lines += [
+            f"**Input.** Rank at least {e.input_rank}; the last axis is the code (channel) dimension.",
+            "",
+        ]
+    if e.random:
+        lines += ["**Random.** Takes a PRNG key as the required keyword argument `key`.", ""]
+    if e.params:
+        lines += ["**Parameters**", "", "| name | default | values tried | meaning |", "|---|---|---|---|"]
+        for p in e.params:
+            default = f"`{text}`" if (text := default_text(e, p)) is not None else "required"
+            values = ", ".join(f"`{v!r}`" for v in p.values)
+            lines.append(f"| `{p.name}` | {default} | {values} | {_cell(p.doc)} |")
+        lines.append("")
+    if e.args:
+        lines += ["**Extra arrays**", "", "| name | differentiable | meaning |", "|---|---|---|"]
+        for a in e.args:
+            lines.append(f"| `{a.name}` | {'yes' if a.differentiable else 'no'} | {_cell(a.doc)} |")
+        lines.append("")
+    if e.reference:
+        lines += [f"**Reference.** {e.reference}", ""]
+    lines.append(f"![{e.name}: forward and surrogate derivative]({IMAGES}/{e.name}.png)")
+    return lines
+
+
+def _tangent_note(e: Entry) -> str:
+    if e.tangent is None:
+        return ""
+    return "a linear tangent map (the surrogate Jacobian is not diagonal); the picture shows its diagonal"
+
+
+def _cell(text: str) -> str:
+    return " ".join(text.replace("|", "\\|").split())
+
+
+def _anchor(name: str) -> str:
+    # GitHub's heading anchors: lower case, punctuation other than - and _ dropped.
+    return "".join(c for c in name.lower() if c.isalnum() or c in "-_")
