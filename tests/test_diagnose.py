@@ -430,3 +430,32 @@ def test_load_pipeline_calls_a_factory():
     assert load_pipeline("test_diagnose:healthy").name == "toy"
     with pytest.raises(TypeError, match=r"expected a stejax\.diagnose\.Pipeline"):
         load_pipeline("test_diagnose:_cross_entropy.__name__.upper")
+
+
+def _with_leaf(params, layer, name, value):
+    layers = list(params["layers"])
+    layers[layer] = dict(layers[layer], **{name: jnp.asarray(value, layers[layer][name].dtype)})
+    return dict(params, layers=tuple(layers) if isinstance(params["layers"], tuple) else layers)
+
+
+def test_a_non_positive_lsq_step_is_named_at_forward(run_dir):
+    out, splits = run_dir
+    pipeline = pipeline_from_run(out, batch=(splits.train.x[:8], splits.train.y[:8]))
+    params = _with_leaf(pipeline.params, 1, "a_step", -0.1)
+    report = diagnose(dataclasses.replace(pipeline, params=params))
+    _assert_named(report, "forward")
+    assert re.search(r"non-positive quantiser step.*params\['layers'\]\[1\]\['a_step'\] = -0\.1\b", report.why)
+
+
+def test_an_update_that_drives_a_step_negative_is_named_at_update(run_dir):
+    out, splits = run_dir
+    pipeline = pipeline_from_run(out, batch=(splits.train.x[:8], splits.train.y[:8]))
+
+    def update(params, grads):
+        new = pipeline.update(params, grads)
+        # A step pushed far past zero, as too large a learning rate would.
+        return _with_leaf(new, 0, "w_step", new["layers"][0]["w_step"] - 10.0)
+
+    report = diagnose(dataclasses.replace(pipeline, update=update))
+    _assert_named(report, "update")
+    assert re.search(r"makes a quantiser step.*non-positive: params\['layers'\]\[0\]\['w_step'\]", report.why)

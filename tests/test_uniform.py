@@ -818,3 +818,59 @@ X = np.linspace(-1, 1, 12, dtype=np.float32).reshape(3, 4)
 def test_errors(call, error, match):
     with pytest.raises(error, match=match):
         call()
+
+
+# --- non-positive scales, steps and clipping levels ---------------------------------------------
+
+_NON_POSITIVE = [
+    ("fake_quant", "scale", lambda v: fake_quant(X, v, bits=4)),
+    ("lsq", "step", lambda v: lsq(X, v, bits=4)),
+    ("lsq_plus", "step", lambda v: lsq_plus(X, v, 0.0, bits=4)),
+    ("pact", "alpha", lambda v: pact(X, v, bits=4)),
+]
+
+
+@pytest.mark.parametrize(("name", "what", "call"), _NON_POSITIVE, ids=[n for n, _, _ in _NON_POSITIVE])
+@pytest.mark.parametrize("value", [0.0, -0.0, -1.0, -0.1])
+def test_concrete_non_positive_values_are_refused(name, what, call, value):
+    with pytest.raises(ValueError, match=rf"^{name}: {what} must be positive \(> 0\); got {value!r}\."):
+        call(value)
+    # A JAX array and an eager jax.grad (a concrete tracer) are checked the same way.
+    with pytest.raises(ValueError, match=rf"^{name}: {what} must be positive"):
+        call(jnp.float32(value))
+    with pytest.raises(ValueError, match=rf"^{name}: {what} must be positive"):
+        jax.grad(lambda v: call(v).sum())(jnp.float32(value))
+
+
+@pytest.mark.parametrize(
+    ("call", "match"),
+    [
+        (
+            lambda: fake_quant(X, np.array([1.0, 0.5, 0.0, -1.0], np.float32), bits=4, axis=1),
+            r"fake_quant: scale must be positive \(> 0\); got 0\.0 at index 2 \(2 of 4 non-positive\)",
+        ),
+        (
+            lambda: lsq(X, np.array([0.5, -0.25, 1.0], np.float32), bits=4, axis=0),
+            r"lsq: step must be positive \(> 0\); got -0\.25 at index 1 \(1 of 3 non-positive\)",
+        ),
+    ],
+)
+def test_per_channel_non_positive_values_name_the_channel(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+def test_traced_values_are_not_checked_and_follow_the_formula():
+    # The documented behaviour under jit: no check (the value is abstract), the formula as written.
+    x = jnp.array([-1.0, -0.3, 0.0, 0.3, 0.74, 2.0], jnp.float32)
+    zero = jax.jit(lambda x, s: fake_quant(x, s, bits=4))(x, 0.0)
+    assert np.isnan(np.asarray(zero)[2]) and np.all(np.asarray(zero)[[0, 1, 3, 4, 5]] == 0)
+    assert float(jax.jit(lambda x, s: lsq(x, s, bits=4))(x, -0.1)[5]) == pytest.approx(0.8)
+    assert np.all(np.asarray(jax.jit(lambda x, a: pact(x, a, bits=4))(x, -1.0))[2:] == -1.0)
+    # vmap over the values is tracing too.
+    assert jax.vmap(lambda s: fake_quant(x, s, bits=4))(jnp.array([0.5, -1.0])).shape == (2, 6)
+
+
+def test_nan_scale_gives_nan_rather_than_an_error():
+    assert np.isnan(np.asarray(fake_quant(X, np.float32("nan"), bits=4))).all()
+    assert np.isnan(np.asarray(lsq(X, np.float32("nan"), bits=4))).all()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -398,6 +399,15 @@ def _forward(state: _State) -> _Outcome:
         with jax.disable_jit():
             return state.forward(params, x, key)
 
+    invalid = _non_positive_quantiser_params(params)
+    if invalid:
+        return _Outcome(
+            False,
+            f"the parameters hold a non-positive quantiser step, scale or clipping level: {invalid}. A "
+            "quantiser refuses it when called eagerly (ValueError) and, under jit, computes plausible wrong "
+            "values (zeros, a mirrored grid); it must be > 0: initialise it positive, and if training drove "
+            "it there, lower the learning rate or keep it positive (a floor such as max(step, 1e-8)).",
+        )
     if state.forward_error is not None:
         return _Outcome(False, f"forward raised {_error(state.forward_error)}", rerun)
     bad = first_nonfinite(state.logits, what="logits")
@@ -493,6 +503,14 @@ def _update(state: _State) -> _Outcome:
     bad = first_nonfinite(state.new_params, what="new params")
     if bad:
         return _Outcome(False, f"{bad} after one update from finite parameters and gradients.", rerun)
+    invalid = _non_positive_quantiser_params(state.new_params)
+    if invalid:
+        return _Outcome(
+            False,
+            f"one update makes a quantiser step, scale or clipping level non-positive: {invalid}. The next "
+            "forward would refuse it eagerly (ValueError) and compute plausible wrong values under jit; lower "
+            "the learning rate of that parameter or keep it positive (a floor such as max(step, 1e-8)).",
+        )
     pairs = zip(jax.tree.leaves(state.new_params), jax.tree.leaves(params), strict=True)
     change = max([float(jnp.max(jnp.abs(a - b))) for a, b in pairs if np.size(a)] or [0.0])
     return _Outcome(True, f"new parameters finite, same tree, shapes and dtypes; largest change {change:.3g}.")
@@ -649,6 +667,41 @@ def _same_layout(tree: Any, like: Any, *, what: str, against: str) -> str | None
                 "(a dtype change)."
             )
     return None
+
+
+# Parameter names that hold a quantiser's step, scale or clipping level, which must be > 0: the
+# reference model's w_step and a_step, the NNX layers' weight_/input_ step, alpha and scale.
+_QUANTISER_LEAF = re.compile(r"(^|_)(step|alpha)$|^(weight|input)_scale$")
+
+
+def _leaf_name(path: Any) -> str:
+    """The last name in a tree path (a dict key or attribute), skipping NNX's ``value``."""
+    for entry in reversed(path):
+        name = getattr(entry, "key", getattr(entry, "name", None))
+        if isinstance(name, str) and name not in ("value", "raw_value"):
+            return name
+    return ""
+
+
+def _non_positive_quantiser_params(params: Any) -> str | None:
+    """The first quantiser step, scale or clipping level leaf with a value <= 0, and how many, or None."""
+    found = []
+    for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
+        if not _QUANTISER_LEAF.search(_leaf_name(path)):
+            continue
+        try:
+            a = np.asarray(leaf)
+            values = a.astype(np.float64).reshape(-1)
+        except (TypeError, ValueError):  # not numbers (a key): not a quantiser parameter
+            continue
+        if (values <= 0).any():
+            i = int(np.argmax(values <= 0))
+            at = f"[{i}]" if a.ndim else ""
+            found.append(f"params{jax.tree_util.keystr(path)}{at} = {values[i]:.6g}")
+    if not found:
+        return None
+    more = f" (and {len(found) - 1} more leaf/leaves)" if len(found) > 1 else ""
+    return found[0] + more
 
 
 def _params_note(params: Any) -> str:

@@ -100,6 +100,46 @@ def _check_grad_scale(name: str, grad_scale: Any) -> float | None:
     return float(grad_scale)
 
 
+def _concrete(a: Any) -> np.ndarray | None:
+    """``a``'s value when it is known now: not under ``jit`` or ``vmap``, where it is abstract."""
+    if isinstance(a, jax.core.Tracer):
+        # An eager jax.grad or jax.jvp still knows the value (a concrete tracer); jit and vmap do not.
+        to_concrete = getattr(a, "to_concrete_value", None)
+        value = to_concrete() if to_concrete is not None else None
+        return None if value is None else np.asarray(value)
+    try:
+        return np.asarray(a)
+    except (TypeError, ValueError):
+        return None
+
+
+def check_positive(name: str, what: str, a: Any) -> None:
+    """Raise ValueError when a concrete ``a`` holds a value <= 0; a traced ``a`` is not checked.
+
+    NaN is let through: it makes the output NaN, which is visible, where a zero or
+    negative scale gives plausible wrong numbers (zeros, ones, a mirrored grid).
+    """
+    v = _concrete(a)
+    if v is None:
+        return
+    try:
+        flat = v.astype(np.float64).reshape(-1)
+    except (TypeError, ValueError):  # not numbers: the dtype check of the estimator says so
+        return
+    bad = flat <= 0
+    if not bad.any():
+        return
+    i = int(np.argmax(bad))
+    # A per-channel array is reshaped to broadcast against x: its flat index is the channel.
+    where = f" at index {i} ({int(bad.sum())} of {flat.size} non-positive)" if flat.size > 1 or v.ndim else ""
+    v = flat[i]
+    raise ValueError(
+        f"{name}: {what} must be positive (> 0); got {float(v)!r}{where}. A zero or negative {what} "
+        "gives plausible but wrong values, so it is refused (checked when the value is concrete, "
+        "not under jit or vmap)."
+    )
+
+
 def rounded_product(a, b):
     """``a * b``, rounded on its own even where an addition follows.
 
@@ -230,9 +270,15 @@ def fake_quant(
 
     Special values: the sign of zero is kept (-0.0, and inputs that round to 0
     from below, give -0.0 when 0 is a level); :math:`\pm\infty` saturate to the
-    end levels with derivative 0; NaN gives NaN with derivative 0. A non-positive or
-    non-finite ``scale`` gives inf or NaN: keeping it positive is the caller's
-    contract (it is not checked, so the behaviour is the same under ``jit``).
+    end levels with derivative 0; NaN gives NaN with derivative 0.
+
+    Invalid scales: a zero or negative ``scale`` raises ValueError when its value
+    is concrete (an eager call, an eager ``jax.grad``). Under ``jit`` or ``vmap``
+    the value is abstract and is not checked; the formula is then evaluated as
+    written, which gives plausible wrong numbers (a zero scale gives zeros, NaN at
+    0; a negative one mirrors the grid): check a traced scale yourself, or run
+    ``stejax diagnose``, whose eager stages name it. A NaN or infinite scale gives
+    NaN outputs (infinite: NaN times 0), visibly.
 
     Args:
       x: floating-point array.
@@ -257,8 +303,9 @@ def fake_quant(
     Raises:
       TypeError: ``bits``, ``signed``, ``narrow_range`` or ``axis`` of the wrong
         type, or arrays of mixed or non-floating dtypes.
-      ValueError: ``bits`` or ``axis`` out of range, or a ``scale`` or
-        ``zero_point`` whose shape does not fit ``axis``.
+      ValueError: ``bits`` or ``axis`` out of range, a ``scale`` or
+        ``zero_point`` whose shape does not fit ``axis``, or a concrete ``scale``
+        with a value <= 0.
 
     Example:
       >>> import jax, jax.numpy as jnp, stejax
@@ -278,6 +325,7 @@ def fake_quant(
     x_shape = np.shape(x)
     axis = check_axis("fake_quant", axis, len(x_shape))
     scale = _per_channel("fake_quant", "scale", scale, x_shape, axis, scalar_ok=False)
+    check_positive("fake_quant", "scale", scale)
     zero_point = _per_channel("fake_quant", "zero_point", zero_point, x_shape, axis, scalar_ok=True)
     return _fake_quant(x, scale, zero_point, bits=bits, signed=signed, narrow_range=narrow_range, axis=axis)
 
@@ -405,7 +453,9 @@ def lsq(
     Special values: :math:`\pm\infty` saturate (derivative 0, step partial
     :math:`g Q_P` or :math:`-g Q_N`); NaN gives NaN with both partials 0 (a NaN
     partial would poison the tangent of the other argument); the sign of zero is
-    kept. ``step`` must be positive (not checked).
+    kept. A concrete ``step`` <= 0 raises ValueError; a traced one (under
+    ``jit`` or ``vmap``) is not checked and gives wrong values (``step = -0.1``
+    gives ``0.8`` for ``x = 2`` at 4 bits), as :func:`fake_quant` says.
 
     Args:
       x: floating-point array.
@@ -427,8 +477,8 @@ def lsq(
     Raises:
       TypeError: a parameter of the wrong type, or arrays of mixed or
         non-floating dtypes.
-      ValueError: ``bits``, ``axis`` or ``grad_scale`` out of range, or a ``step``
-        whose shape does not fit ``axis``.
+      ValueError: ``bits``, ``axis`` or ``grad_scale`` out of range, a ``step``
+        whose shape does not fit ``axis``, or a concrete ``step`` with a value <= 0.
 
     Example:
       >>> import jax, jax.numpy as jnp, stejax
@@ -452,6 +502,7 @@ def lsq(
     # Reshaped before the estimator so that the factory's `partial * tangent`
     # broadcasts the step's tangent explicitly.
     step = _per_channel("lsq", "step", step, x_shape, axis, scalar_ok=False)
+    check_positive("lsq", "step", step)
     return _lsq(x, step, bits=bits, signed=signed, grad_scale=grad_scale, axis=axis)
 
 
@@ -501,7 +552,8 @@ def lsq_plus(
     Args:
       x: floating-point array.
       step: the learned step :math:`s`, in ``x``'s dtype: a scalar, or shape
-        ``(x.shape[axis],)`` with ``axis``. Must be positive (not checked).
+        ``(x.shape[axis],)`` with ``axis``. Must be positive: a concrete value
+        <= 0 raises ValueError, a traced one is not checked (see :func:`fake_quant`).
       offset: the learned offset :math:`\beta`, in ``x``'s dtype: a scalar, or
         shape ``(x.shape[axis],)`` with ``axis``.
       bits: the bit width, an int in [2, 16] when signed, [1, 16] when unsigned.
@@ -517,8 +569,9 @@ def lsq_plus(
     Raises:
       TypeError: a parameter of the wrong type, or arrays of mixed or
         non-floating dtypes.
-      ValueError: ``bits``, ``axis`` or ``grad_scale`` out of range, or a ``step``
-        or ``offset`` whose shape does not fit ``axis``.
+      ValueError: ``bits``, ``axis`` or ``grad_scale`` out of range, a ``step``
+        or ``offset`` whose shape does not fit ``axis``, or a concrete ``step``
+        with a value <= 0.
 
     Example:
       >>> import jax, jax.numpy as jnp, stejax
@@ -539,6 +592,7 @@ def lsq_plus(
     x_shape = np.shape(x)
     axis = check_axis("lsq_plus", axis, len(x_shape))
     step = _per_channel("lsq_plus", "step", step, x_shape, axis, scalar_ok=False)
+    check_positive("lsq_plus", "step", step)
     offset = _per_channel("lsq_plus", "offset", offset, x_shape, axis, scalar_ok=True)
     return _lsq_plus(x, step, offset, bits=bits, signed=signed, grad_scale=grad_scale, axis=axis)
 
@@ -596,7 +650,9 @@ def pact(x: ArrayLike, alpha: ArrayLike, *, bits: int) -> jax.Array:
     :math:`(k + 1/2)\, s` round to even. Special values: :math:`-\infty` gives 0
     and :math:`+\infty` gives the top level (derivative 0, :math:`\alpha` partial 1
     for :math:`+\infty`); NaN gives NaN with both partials 0; -0.0 stays -0.0.
-    ``alpha`` must be positive (not checked).
+    ``alpha`` must be positive: a concrete ``alpha`` <= 0 raises ValueError; a
+    traced one (under ``jit`` or ``vmap``) is not checked, and a negative one gives
+    negative outputs from this clipped ReLU (see :func:`fake_quant`).
 
     Args:
       x: floating-point array (the pre-activation).
@@ -608,7 +664,8 @@ def pact(x: ArrayLike, alpha: ArrayLike, *, bits: int) -> jax.Array:
 
     Raises:
       TypeError: ``bits`` not an int, or arrays of mixed or non-floating dtypes.
-      ValueError: ``bits`` out of range or ``alpha`` not a scalar.
+      ValueError: ``bits`` out of range, ``alpha`` not a scalar, or a concrete
+        ``alpha`` <= 0.
 
     Example:
       >>> import jax, jax.numpy as jnp, stejax
@@ -626,6 +683,7 @@ def pact(x: ArrayLike, alpha: ArrayLike, *, bits: int) -> jax.Array:
     bits = check_bits("pact", bits, signed=False)
     if np.shape(alpha) != ():
         raise ValueError(f"pact: alpha must be a scalar (one clipping level); got shape {np.shape(alpha)}.")
+    check_positive("pact", "alpha", alpha)
     return _pact(x, alpha, bits=bits)
 
 
