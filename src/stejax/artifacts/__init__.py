@@ -8,6 +8,10 @@ verification results, parent id). :func:`save_artifact` writes one atomically;
 itself and checks the contract, refusing with :class:`ArtifactError`.
 :func:`gate` runs the release checks; :class:`Registry` promotes through it,
 rolls back and deletes nothing. Regression sets: :mod:`stejax.regress`.
+Authenticity (the extra ``stejax[sign]``): :func:`sign_artifact` signs every
+file with OpenSSF model signing (``model.sig``); :func:`verify_signature`
+checks it against trusted keys; a :class:`Registry` that trusts keys accepts
+only artifacts they signed.
 """
 
 from stejax.artifacts._gate import GateCheck as GateCheck
@@ -18,6 +22,14 @@ from stejax.artifacts._registry import Promotion as Promotion
 from stejax.artifacts._registry import Registry as Registry
 from stejax.artifacts._registry import RegistryEntry as RegistryEntry
 from stejax.artifacts._registry import RegistryError as RegistryError
+from stejax.artifacts._signing import SIGNATURE_FILE as SIGNATURE_FILE
+from stejax.artifacts._signing import SignatureCheck as SignatureCheck
+from stejax.artifacts._signing import SignatureError as SignatureError
+from stejax.artifacts._signing import TrustedKey as TrustedKey
+from stejax.artifacts._signing import keygen as keygen
+from stejax.artifacts._signing import public_key as public_key
+from stejax.artifacts._signing import sign_artifact as sign_artifact
+from stejax.artifacts._signing import verify_signature as verify_signature
 from stejax.artifacts._store import FORMAT as FORMAT
 from stejax.artifacts._store import Artifact as Artifact
 from stejax.artifacts._store import ArtifactError as ArtifactError

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from stejax.artifacts._gate import GateReport, gate
+from stejax.artifacts._signing import SignatureCheck, SignatureError, TrustedKey, public_key, verify_signature
 from stejax.artifacts._store import (
     Artifact,
     ArtifactError,
@@ -32,14 +33,24 @@ STATE = "state.json"
 EVENTS = "events.jsonl"
 ARTIFACTS = "artifacts"
 LOCK = ".lock"
+TRUSTED = "trusted"
+UNTRUSTED = "trust-removed"
 
 
 class RegistryError(ValueError):
-    """A registry operation that cannot be done (a failed gate, nothing to roll back to, a bad state)."""
+    """A registry operation that cannot be done (a failed gate, an untrusted signature, nothing to roll back to).
 
-    def __init__(self, message: str, report: GateReport | None = None):
+    Attributes:
+      report: the gate's report, when the gate refused.
+      signature_error: the :class:`SignatureError`, when the trust policy refused.
+    """
+
+    def __init__(
+        self, message: str, report: GateReport | None = None, *, signature_error: SignatureError | None = None
+    ):
         super().__init__(message)
         self.report = report
+        self.signature_error = signature_error
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,11 +61,13 @@ class Promotion:
       artifact: the new current artifact (the registry's copy, verified).
       gate: the gate's report.
       previous_id: the artifact that was current before (None if none).
+      signature: who signed it, when the registry trusts keys (None when it trusts none).
     """
 
     artifact: Artifact
     gate: GateReport
     previous_id: str | None
+    signature: SignatureCheck | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,6 +139,16 @@ class Registry:
     change the state hold an exclusive ``flock`` on ``ROOT/.lock``; readers need
     none (the state file is replaced by a rename).
 
+    The trust policy: ``ROOT/trusted/<fingerprint>.pem``, the public keys the
+    registry trusts (:meth:`trust`, :meth:`untrust`, :meth:`trusted_keys`; a
+    removed key moves to ``ROOT/trust-removed/``, and both are events in the
+    log). Once it trusts a key, every artifact it accepts must be signed by a
+    trusted key (:func:`stejax.artifacts.verify_signature`): :meth:`promote`
+    refuses any other before the gate runs, and :meth:`current` and
+    :meth:`rollback` check the signature again on every read, so an artifact
+    signed by a key removed since stops being served or rolled back to. With no
+    trusted key, signatures are not checked.
+
     Example:
       >>> from stejax.artifacts import Registry
       >>> Registry("no-registry-here").current() is None  # reading creates nothing
@@ -163,12 +186,15 @@ class Registry:
         """The current artifact, loaded and verified (None when nothing was promoted).
 
         Raises:
+          SignatureError: the registry trusts keys and the current artifact is not
+            signed by one of them, or changed since it was signed.
           ArtifactError: the current artifact no longer verifies, or verifies under
             another id than the one promoted (it was rewritten and re-signed).
         """
         current = self.current_id()
         if current is None:
             return None
+        self.check_signature(self.path_of(current))
         artifact = load_artifact(self.path_of(current))
         if artifact.id != current:
             raise ArtifactError(
@@ -266,6 +292,98 @@ class Registry:
             )
         return tuple(out)
 
+    def trusted_keys(self) -> tuple[TrustedKey, ...]:
+        """The public keys the registry trusts, by fingerprint (empty: signatures are not checked).
+
+        Raises:
+          RegistryError: a file in ``ROOT/trusted/`` is not a public key named by its own fingerprint.
+        """
+        folder = self.root / TRUSTED
+        if not folder.is_dir():
+            return ()
+        keys = []
+        for path in sorted(folder.iterdir()):
+            if path.name.startswith("."):
+                continue  # a trust being added, not yet renamed into place
+            try:
+                key = public_key(path)
+            except (ValueError, OSError) as e:
+                raise RegistryError(f"{path}: the trust store holds something that is not a public key: {e}") from None
+            if path.name != f"{key.fingerprint}.pem":
+                raise RegistryError(
+                    f"{path}: a trusted key must be named <its fingerprint>.pem; this key's is {key.fingerprint}."
+                )
+            keys.append(key)
+        return tuple(keys)
+
+    def check_signature(self, path: str | os.PathLike) -> SignatureCheck | None:
+        """Check ``path``'s signature under the registry's trust policy (None when it trusts no key).
+
+        Raises:
+          SignatureError: see :func:`stejax.artifacts.verify_signature`.
+        """
+        keys = self.trusted_keys()
+        return verify_signature(path, keys) if keys else None
+
+    def trust(self, key: str | os.PathLike) -> TrustedKey:
+        """Trust the PEM public key at ``key``: from now on every artifact promoted, served or rolled back to
+        must be signed by a trusted key. Logged as a ``trust`` event.
+
+        Raises:
+          RegistryError: the key is trusted already.
+          ValueError: not an elliptic-curve PEM public key.
+        """
+        new = public_key(key)
+        with self._locked():
+            if any(k.fingerprint == new.fingerprint for k in self.trusted_keys()):
+                raise RegistryError(f"trust: the key {new.short} ({key}) is trusted already.")
+            folder = self.root / TRUSTED
+            folder.mkdir(exist_ok=True)
+            pem = Path(key).read_bytes()
+            tmp = folder / f".{new.fingerprint}.partial-{secrets.token_hex(6)}"
+            write_file(tmp, pem)
+            os.replace(tmp, folder / f"{new.fingerprint}.pem")
+            fsync_dir(folder)
+            self._log({"event": "trust", "key": new.fingerprint, "source": str(key), "public_key": pem.decode()})
+        return TrustedKey(new.fingerprint, folder / f"{new.fingerprint}.pem", new.curve)
+
+    def untrust(self, key: str | os.PathLike) -> TrustedKey:
+        """Stop trusting a key, named by its PEM file or its fingerprint (at least 16 hex digits).
+
+        The key file moves to ``ROOT/trust-removed/`` (nothing is deleted) and an
+        ``untrust`` event is logged. Artifacts it signed stop verifying under the
+        policy: :meth:`current` refuses one that is current, :meth:`rollback` one
+        it would go back to.
+
+        Raises:
+          RegistryError: no trusted key matches, or the fingerprint prefix is ambiguous.
+        """
+        with self._locked():
+            trusted = self.trusted_keys()
+            text = str(key)
+            if Path(key).is_file():
+                wanted = public_key(key).fingerprint
+                matches = [k for k in trusted if k.fingerprint == wanted]
+            elif len(text.removeprefix("sha256:")) >= 16:
+                matches = [k for k in trusted if k.fingerprint.startswith(text.removeprefix("sha256:").lower())]
+            else:
+                matches = []
+            if len(matches) != 1:
+                found = "matches several" if matches else "matches none"
+                raise RegistryError(
+                    f"untrust: {text} {found} of the trusted keys {[k.short for k in trusted]}; expected a PEM "
+                    "public key or at least 16 hex digits of one fingerprint."
+                )
+            (match,) = matches
+            removed = self.root / UNTRUSTED
+            removed.mkdir(exist_ok=True)
+            target = removed / f"{match.fingerprint}.{_now().replace(':', '')}.{secrets.token_hex(3)}.pem"
+            os.rename(match.path, target)
+            fsync_dir(match.path.parent)
+            fsync_dir(removed)
+            self._log({"event": "untrust", "key": match.fingerprint, "moved_to": str(target)})
+        return match
+
     # ---------------------------------------------------------------- writing
 
     @contextlib.contextmanager
@@ -328,16 +446,27 @@ class Registry:
         is replaced: the new artifact is current and the old current heads the
         rollback line.
 
+        When the registry trusts keys, the artifact's signature is checked first
+        (:meth:`check_signature`), before the gate runs; a refusal is logged.
+
         Returns:
           A :class:`Promotion`.
 
         Raises:
-          RegistryError: the gate failed (``error.report`` names the failed
-            checks), the artifact changed while being gated, or it is current already.
+          RegistryError: the signature is refused (``error.signature_error`` says
+            why), the gate failed (``error.report`` names the failed checks), the
+            artifact changed while being gated, or it is current already.
         """
         source = Path(path)
         with self._locked():
             before = tree_digest(source) if source.is_dir() else ""
+            try:
+                signature = self.check_signature(source)
+            except SignatureError as e:
+                self._log(
+                    {"event": "refused", "id": None, "source": str(source), "failed": ["signature"], "reason": str(e)}
+                )
+                raise RegistryError(f"promote refused: {e}", signature_error=e) from None
             report = gate(source, estimator_dtypes=estimator_dtypes)
             if not report.passed:
                 self._log(
@@ -368,20 +497,24 @@ class Registry:
                     "source": str(source),
                     "previous": state["current"],
                     "gate": report.to_dict(),
+                    **({"signed_by": signature.fingerprint} if signature is not None else {}),
                 }
             )
-        return Promotion(artifact=artifact, gate=report, previous_id=state["current"])
+        return Promotion(artifact=artifact, gate=report, previous_id=state["current"], signature=signature)
 
     def rollback(self) -> Artifact:
         """Make the previous verified artifact current again; the one rolled back from is kept (retired).
 
-        The previous artifact is loaded and verified before the switch.
+        The previous artifact is loaded and verified before the switch, its
+        signature first when the registry trusts keys: an artifact signed by a
+        key removed since is not eligible, and the rollback is refused saying so.
 
         Returns:
           The artifact now current.
 
         Raises:
-          RegistryError: nothing to roll back to.
+          RegistryError: nothing to roll back to, or the previous artifact's
+            signature does not verify under the trust policy (nothing changes).
           ArtifactError: the previous artifact no longer verifies (nothing changes).
         """
         with self._locked():
@@ -391,6 +524,14 @@ class Registry:
                     f"rollback: {self.root} has no previous artifact to go back to (current: {state['current']})."
                 )
             target = state["previous"][-1]
+            try:
+                self.check_signature(self.path_of(target))
+            except SignatureError as e:
+                raise RegistryError(
+                    f"rollback refused: the previous artifact {target[:12]} is not eligible under the trust policy: "
+                    f"{e}",
+                    signature_error=e,
+                ) from None
             artifact = load_artifact(self.path_of(target))
             self._write_state(target, state["previous"][:-1])
             self._log({"event": "rollback", "id": target, "from": state["current"]})

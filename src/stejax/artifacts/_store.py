@@ -44,6 +44,8 @@ MANIFEST = "manifest.json"
 WEIGHTS_FILE = "weights.safetensors"
 PARITY_FILE = "parity.safetensors"
 REGRESSION_DIR = "regression"
+# The OpenSSF model signing signature, beside the files it signs (see stejax.artifacts._signing).
+SIGNATURE_FILE = "model.sig"
 MAX_MANIFEST_BYTES = 16 << 20
 _ID = re.compile(r"[0-9a-f]{64}")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -460,7 +462,8 @@ def load_artifact(path: str | os.PathLike) -> Artifact:
     In order: ``manifest.json`` (a bounded, regular JSON file of the known format,
     whose ``integrity.sha256`` matches its canonical content), every listed file
     (present, regular, of the recorded size and sha256; no unlisted file but the
-    ``regression/`` directory), each safetensors file's header (checked here:
+    ``regression/`` directory and the signature ``model.sig``, which this does not
+    check: see :func:`stejax.artifacts.verify_signature`), each safetensors file's header (checked here:
     header length bounded and inside the file, offsets inside the data, byte
     counts equal to shape times dtype, no overlap, no hole; a pickle is named as
     one and never read), and the contract (layers consistent with the model
@@ -488,7 +491,7 @@ def load_artifact(path: str | os.PathLike) -> Artifact:
         f"format {manifest.get('format')!r}; this version reads {FORMAT!r}.",
     )
     artifact_id = check_integrity(manifest, where)
-    files = check_files(root, manifest.get("files"), extra_ok=(REGRESSION_DIR,))
+    files = check_files(root, manifest.get("files"), extra_ok=(REGRESSION_DIR, SIGNATURE_FILE))
     for name in (WEIGHTS_FILE, PARITY_FILE):
         _expect(name in files, where, f"'files' lacks {name!r}.")
     regression = root / REGRESSION_DIR

@@ -79,7 +79,8 @@ class Metrics:
         size per execution.
       model_info: ``stejax_model_info{version}``, 1 for the live version.
       reloads: ``stejax_reloads_total{outcome}``, admin reloads and rollbacks:
-        ``swapped``, ``refused``, ``rolled_back``, ``rollback_refused``.
+        ``swapped``, ``refused``, ``untrusted`` (the signature check refused the
+        candidate), ``rolled_back``, ``rollback_refused``.
     """
 
     def __init__(self) -> None:

@@ -259,7 +259,7 @@ class Service:
         try:
             compiled = await self._off_loop(self._verified_compiled, self.source.candidate, path)
         except Refused as error:
-            return self._refused("refused", old, error.failures)
+            return self._refused(error.outcome, old, error.failures)
         except Exception as error:
             logger.exception("stejax serve: reload: %s failed", path)
             return self._refused("refused", old, [f"{type(error).__name__}: {error}"])

@@ -10,7 +10,7 @@ promote runs the same gate) and rolls back through it.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -20,11 +20,16 @@ __all__ = ["ArtifactSource", "ModelSource", "Refused", "RegistrySource"]
 
 
 class Refused(Exception):
-    """A model the gate or the loader turned down; ``failures`` says why, one line each."""
+    """A model the gate or the loader turned down; ``failures`` says why, one line each.
 
-    def __init__(self, subject: str, failures: list[str]):
+    ``outcome`` labels the refusal in ``stejax_reloads_total``: ``"refused"``, or
+    ``"untrusted"`` when the signature check refused it.
+    """
+
+    def __init__(self, subject: str, failures: list[str], *, outcome: str = "refused"):
         self.subject = subject
         self.failures = list(failures) or ["refused without a stated reason"]
+        self.outcome = outcome
         super().__init__(f"{subject}: refused: " + "; ".join(self.failures))
 
 
@@ -60,19 +65,45 @@ def _default_gate(path: Path) -> Any:
     return gate(path)
 
 
+def _trusted(keys: Sequence[str | os.PathLike]) -> tuple[Any, ...]:
+    """The trusted keys, read and checked now (a file that is not a public key fails at start-up, not at reload)."""
+    if not keys:
+        return ()
+    from stejax.artifacts import TrustedKey, public_key
+
+    return tuple(k if isinstance(k, TrustedKey) else public_key(k) for k in keys)
+
+
+def _check_signature(path: Path, keys: tuple[Any, ...]) -> None:
+    """Refuse ``path`` (outcome ``untrusted``) unless a trusted key signed exactly what is there; no-op without keys."""
+    if not keys:
+        return
+    from stejax.artifacts import verify_signature
+
+    try:
+        verify_signature(path, keys)
+    except (ValueError, OSError) as error:  # SignatureError, or an unreadable directory
+        raise Refused(str(path), [f"signature: {error}"], outcome="untrusted") from None
+
+
 class ArtifactSource:
     """One artifact directory; candidates pass the release gate, rollback returns to the previous live model.
 
     A candidate is loaded (which re-hashes every file and validates the
     weights' header and the contract), gated (the checks ``stejax artifact
     promote`` runs) and loaded again: if its id changed while the gate ran, it
-    is refused, so what goes live is exactly what was verified.
+    is refused, so what goes live is exactly what was verified. With trusted
+    keys, its signature is checked first, before anything is parsed, and again
+    after the gate (:func:`stejax.artifacts.verify_signature`); a refusal there
+    has the outcome ``untrusted``.
 
     Args:
       path: the artifact to serve at start-up (it passes the gate too).
       load: ``path -> ServedModel`` (default: :func:`stejax.artifacts.load_artifact`).
       gate: ``path -> report`` with ``passed`` and ``failures`` (default:
         :func:`stejax.artifacts.gate`).
+      trusted_keys: PEM public keys; when given, only artifacts one of them
+        signed are served (``stejax serve --trust-key``).
     """
 
     def __init__(
@@ -81,17 +112,20 @@ class ArtifactSource:
         *,
         load: Callable[[Path], ServedModel] = _default_load,
         gate: Callable[[Path], Any] = _default_gate,
+        trusted_keys: Sequence[str | os.PathLike] = (),
     ) -> None:
         self.path = Path(path)
         self.description = f"artifact {self.path}"
         self._load = load
         self._gate = gate
+        self._keys = _trusted(trusted_keys)
 
     def first(self) -> ServedModel:
         return self.candidate(self.path)
 
     def candidate(self, path: Path) -> ServedModel:
         path = Path(path)
+        _check_signature(path, self._keys)
         before = self._checked_load(path)
         try:
             report = self._gate(path)
@@ -102,6 +136,7 @@ class ArtifactSource:
         after = self._checked_load(path)
         if after.version != before.version:
             raise Refused(str(path), [f"changed while it was verified: {before.version} became {after.version}"])
+        _check_signature(path, self._keys)  # what was loaded is still what was signed
         return after
 
     def rollback(self, live: ServedModel, history: list[ServedModel]) -> ServedModel:
@@ -133,6 +168,10 @@ class RegistrySource:
       load: ``path -> ServedModel`` (default: :func:`stejax.artifacts.load_artifact`).
       gate: run on the registry's current artifact at start-up (default:
         :func:`stejax.artifacts.gate`).
+      trusted_keys: PEM public keys the service trusts, checked on the current
+        artifact at start-up and on every candidate before it is promoted, on
+        top of the registry's own trust policy (a registry refusal for the
+        signature has the outcome ``untrusted`` too).
     """
 
     def __init__(
@@ -141,11 +180,13 @@ class RegistrySource:
         *,
         load: Callable[[Path], ServedModel] = _default_load,
         gate: Callable[[Path], Any] = _default_gate,
+        trusted_keys: Sequence[str | os.PathLike] = (),
     ) -> None:
         self.registry = registry
         self.description = f"registry {getattr(registry, 'root', registry)}"
         self._load = load
         self._gate = gate
+        self._keys = _trusted(trusted_keys)
 
     def first(self) -> ServedModel:
         try:
@@ -154,12 +195,15 @@ class RegistrySource:
             raise Refused(self.description, [f"{type(error).__name__}: {error}"]) from None
         if current is None:
             raise Refused(self.description, ["the registry has no current artifact; promote one first"])
-        return ArtifactSource(current.path, load=self._load, gate=self._gate).first()
+        return ArtifactSource(current.path, load=self._load, gate=self._gate, trusted_keys=self._keys).first()
 
     def candidate(self, path: Path) -> ServedModel:
+        _check_signature(Path(path), self._keys)
         try:
             promotion = self.registry.promote(Path(path))
         except (ValueError, OSError) as error:
+            if getattr(error, "signature_error", None) is not None:
+                raise Refused(str(path), [f"signature: {error.signature_error}"], outcome="untrusted") from None
             report = getattr(error, "report", None)
             failures = _failure_lines(report) if report is not None and not report.passed else []
             raise Refused(str(path), failures or [f"{type(error).__name__}: {error}"]) from None
