@@ -11,6 +11,12 @@ from stejax.vq._codebook import CodebookOutput as CodebookOutput
 from stejax.vq._codebook import CodebookState as CodebookState
 from stejax.vq._codebook import kmeans as kmeans
 from stejax.vq._codebook import l2_normalize as l2_normalize
+from stejax.vq._compare import CONFIGURATIONS as CONFIGURATIONS
+from stejax.vq._compare import QUICK as QUICK
+from stejax.vq._compare import AutoencoderConfig as AutoencoderConfig
+from stejax.vq._compare import CompareSettings as CompareSettings
+from stejax.vq._compare import compare as compare
+from stejax.vq._compare import references as references
 from stejax.vq._fsq import FSQ as FSQ
 from stejax.vq._fsq import FSQ_LEVELS as FSQ_LEVELS
 from stejax.vq._losses import entropy_loss as entropy_loss
@@ -20,3 +26,4 @@ from stejax.vq._metrics import dead_codes as dead_codes
 from stejax.vq._metrics import perplexity as perplexity
 from stejax.vq._metrics import quantization_error as quantization_error
 from stejax.vq._metrics import usage as usage
+from stejax.vq._report import write_report as write_report

@@ -240,7 +240,7 @@ class Codebook:
         if z.ndim < 1 or z.shape[-1] != self.dim:
             raise ValueError(f"Codebook: the input must have shape (..., dim={self.dim}); got shape {z.shape}.")
         if self.has_projection:
-            z = z @ params["project_in"]["w"] + params["project_in"]["b"]
+            z = _affine(params["project_in"], z)
         v = z.reshape((*z.shape[:-1], self.heads, self.codebook_dim))
         return l2_normalize(v) if self.distance == "cosine" else v
 
@@ -253,7 +253,7 @@ class Codebook:
         q = self.estimator(v, codes.astype(v.dtype))
         flat = q.reshape((*q.shape[:-2], self.heads * self.codebook_dim))
         if self.has_projection:
-            flat = flat @ params["project_out"]["w"] + params["project_out"]["b"]
+            flat = _affine(params["project_out"], flat)
         chosen = jnp.take(codes, vq.indices, axis=0)
         return CodebookOutput(
             quantized=flat,
@@ -287,7 +287,7 @@ class Codebook:
         q = self.indices_to_codes(params, indices)
         flat = q.reshape((*q.shape[:-2], self.heads * self.codebook_dim))
         if self.has_projection:
-            flat = flat @ params["project_out"]["w"] + params["project_out"]["b"]
+            flat = _affine(params["project_out"], flat)
         return flat
 
     # ----------------------------------------------------------------------------------------
@@ -403,6 +403,12 @@ def kmeans(
     means = jax.lax.fori_loop(0, iters, step, means)
     counts, _ = assign(means)
     return means, counts
+
+
+def _affine(layer: dict[str, jax.Array], x: jax.Array) -> jax.Array:
+    """``x @ w + b`` with the bias broadcast explicitly (no rank promotion)."""
+    y = x @ layer["w"]
+    return y + layer["b"].reshape((1,) * (y.ndim - 1) + (-1,))
 
 
 def _dense_init(key: jax.Array, fan_in: int, fan_out: int, dtype) -> dict[str, jax.Array]:

@@ -105,8 +105,13 @@ class FSQ:
         offset = np.where(lv % 2 == 0, 0.5, 0.0)
         shift = np.arctanh(offset / half_l)
         width = np.floor(lv / 2)
-        b = jnp.tanh(z + jnp.asarray(shift, z.dtype)) * jnp.asarray(half_l, z.dtype) - jnp.asarray(offset, z.dtype)
-        return b / jnp.asarray(width, z.dtype)
+        shape = (1,) * (z.ndim - 1) + (-1,)
+
+        def const(a):
+            return jnp.asarray(a.reshape(shape), z.dtype)
+
+        b = jnp.tanh(z + const(shift)) * const(half_l) - const(offset)
+        return b / const(width)
 
     def codes_to_indices(self, codes: ArrayLike) -> jax.Array:
         """Indices ``(...)`` int32 of codes ``(..., len(levels))`` (:func:`stejax.fsq_codes_to_indices`)."""
