@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import click
 
-from stejax.cli import artifacts, bench, catalog, serve, training
+from stejax.cli import artifacts, bench, catalog, serve, training, vq
 from stejax.cli._common import StejaxGroup
 
 __all__ = ["main"]
@@ -56,6 +56,7 @@ _COMMANDS: tuple[click.Command, ...] = (
     serve.serve_command,
     bench.bench_command,
     bench.diagnose_command,
+    vq.vq_group,
 )
 for _command in _COMMANDS:
     main.add_command(_command)
