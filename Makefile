@@ -24,6 +24,7 @@ test: lint
 lint: setup
 	$(BIN)/ruff check src tests benchmarks docs
 	$(BIN)/ruff format --check src tests benchmarks docs
+	$(BIN)/mypy
 
 bench: setup
 	$(BIN)/stejax bench --suite all --out bench-out

@@ -44,6 +44,7 @@ import contextlib
 import contextvars
 import os
 import sys
+import types
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -173,14 +174,15 @@ def split(key: jax.Array, num: int = 2, *, where: str | None = None) -> jax.Arra
     if key.shape != ():
         raise ValueError(f"split: key must be a single key of shape (); got shape {key.shape}.")
     ledger = _ACTIVE_LEDGER.get()
-    record = ledger is not None and _is_concrete(key)
-    if record:
+    if ledger is not None and not _is_concrete(key):
+        ledger = None
+    if ledger is not None:
         # Before the split, so that the ledger's message (naming both places)
         # comes ahead of JAX's own check.
         here = _place(where)
         ledger.consumed(key, f"split at {here}")
     children = jax.random.split(key, int(num))
-    if record:
+    if ledger is not None:
         ledger.made(children, here)
     return children
 
@@ -256,7 +258,7 @@ def _place(where: str | None) -> str:
     """``where`` if given, else the ``file:line`` of the first caller outside this module."""
     if where is not None:
         return where
-    frame = sys._getframe(1)
+    frame: types.FrameType | None = sys._getframe(1)
     while frame is not None and frame.f_code.co_filename == __file__:
         frame = frame.f_back
     if frame is None:  # pragma: no cover - only this module on the stack

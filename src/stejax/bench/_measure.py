@@ -108,10 +108,10 @@ class CompileCounter:
         self.count = 0
         self.seconds = 0.0
 
-    def _listen(self, event: str, duration: float, **_: Any) -> None:
+    def _listen(self, event: str, duration_secs: float, **_: str | int) -> None:
         if event == COMPILE_EVENT:
             self.count += 1
-            self.seconds += float(duration)
+            self.seconds += float(duration_secs)
 
     def __enter__(self) -> CompileCounter:
         jax.monitoring.register_event_duration_secs_listener(self._listen)

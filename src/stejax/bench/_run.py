@@ -113,12 +113,12 @@ def run_bench(
         "wall_seconds": 0.0,
         "suites": {},
     }
-    common = {"repeats": settings.repeats, "warmup": settings.warmup}
+    r, w, quick = settings.repeats, settings.warmup, settings.quick
     runners: dict[str, Callable[[], dict[str, Any]]] = {
-        "estimators": lambda: estimators_suite(**common, size=settings.estimator_size, names=estimators),
-        "train": lambda: train_suite(**common, quick=settings.quick),
-        "inference": lambda: inference_suite(**common, quick=settings.quick),
-        "peers": lambda: peers_suite(**common, quick=settings.quick),
+        "estimators": lambda: estimators_suite(repeats=r, warmup=w, size=settings.estimator_size, names=estimators),
+        "train": lambda: train_suite(repeats=r, warmup=w, quick=quick),
+        "inference": lambda: inference_suite(repeats=r, warmup=w, quick=quick),
+        "peers": lambda: peers_suite(repeats=r, warmup=w, quick=quick),
     }
     for name in names:
         if on_event is not None:

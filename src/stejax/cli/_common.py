@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import click
 from rich.console import Console
@@ -53,7 +53,7 @@ INPUT_ERRORS: tuple[type[BaseException], ...] = (FileNotFoundError, IsADirectory
 class StejaxGroup(click.Group):
     """The root group: a missing optional extra or a refused input becomes one line and exit code 2."""
 
-    def invoke(self, ctx: click.Context):  # type: ignore[override]
+    def invoke(self, ctx: click.Context) -> Any:
         from stejax._extras import missing_extra_message
 
         try:

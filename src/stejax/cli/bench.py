@@ -155,6 +155,7 @@ def diagnose_command(run_dir: Path | None, factory: str | None, examples: int, o
         if run_dir is not None:
             pipeline = pipeline_from_run(run_dir)
         else:
+            assert factory is not None  # exactly one of the two, checked above
             pipeline = load_pipeline(factory, path=os.getcwd())
     except (ValueError, ImportError, AttributeError, TypeError, FileNotFoundError) as error:
         hint = "--run" if run_dir is not None else "--pipeline"

@@ -105,6 +105,7 @@ def serve_command(
         bucket_sizes = tuple(int(b) for b in buckets.split(","))
     except ValueError:
         raise click.BadParameter(f"expected comma-separated ints, e.g. 1,8,32,128; got {buckets!r}.") from None
+    token: str | None
     if admin_token_file is not None:
         token = admin_token_file.read_text(encoding="utf-8").strip()
         if not token:
@@ -123,11 +124,13 @@ def serve_command(
         )
     except ValueError as error:
         raise click.BadParameter(str(error)) from None
+    source: ArtifactSource | RegistrySource
     if artifact_dir is not None:
         source = ArtifactSource(artifact_dir)
     else:
         from stejax.artifacts import Registry
 
+        assert registry_dir is not None  # exactly one of the two, checked above
         source = RegistrySource(Registry(registry_dir))
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     console = Console()

@@ -6,6 +6,7 @@ import gzip
 import os
 import struct
 import zlib
+from typing import Any
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +15,7 @@ from numpy.typing import ArrayLike
 __all__ = ["read_idx", "write_idx"]
 
 # IDX data type code -> big-endian NumPy dtype (LeCun & Cortes, the MNIST page).
-_CODE_TO_DTYPE = {
+_CODE_TO_DTYPE: dict[int, np.dtype[Any]] = {
     0x08: np.dtype(">u1"),
     0x09: np.dtype(">i1"),
     0x0B: np.dtype(">i2"),

@@ -94,8 +94,15 @@ class InputFormat:
         """(lowest, highest) code."""
         if self.method == "sign":
             return -1, 1
-        qn, qp = lsq_levels(self.bits, self.signed)
+        qn, qp = lsq_levels(self.quantised_bits, self.signed)
         return -qn, qp
+
+    @property
+    def quantised_bits(self) -> int:
+        """``bits`` of a quantised input (an unquantised one has none: ValueError)."""
+        if self.bits is None:
+            raise ValueError(f"InputFormat: {self.method!r} inputs are not quantised and have no bits.")
+        return self.bits
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -133,12 +140,12 @@ class LayerSpec(Layer):
         """Whether the layer runs int8 x int8 -> int32: both sides quantised to at most 8 bits, no overflow."""
         if not (self.weights.quantised and self.inputs.quantised):
             return False
-        if self.weights.bits > 8 or self.inputs.bits > 8:
+        if self.weights.bits > 8 or self.inputs.quantised_bits > 8:
             return False
         # A loose bound on |int32 accumulator|: fan_in * 2^a_bits * max|q_w| (the zero
         # point's correction included).
         w_max = 1 if self.weights.method == "sign" else 2 ** (self.weights.bits - 1)
-        return self.fan_in * 2**self.inputs.bits * w_max <= _INT32_MAX
+        return self.fan_in * 2**self.inputs.quantised_bits * w_max <= _INT32_MAX
 
     @property
     def path(self) -> str:
@@ -198,7 +205,7 @@ class LayerSpec(Layer):
 def tensor_table(layers: tuple[LayerSpec, ...], in_features: int) -> dict[str, tuple[tuple[int, ...], np.dtype, str]]:
     """Every stored tensor of a model, in file order: the normaliser, then layer by layer."""
     f32 = np.dtype(np.float32)
-    table = {
+    table: dict[str, tuple[tuple[int, ...], np.dtype, str]] = {
         "normalizer/mean": ((in_features,), f32, "training mean per feature, float32"),
         "normalizer/std": ((in_features,), f32, "training standard deviation per feature, float32"),
     }
@@ -381,6 +388,8 @@ def input_codes(fmt: InputFormat, u: jax.Array, a_step: jax.Array | None) -> tup
     """
     if fmt.method == "sign":
         return u, jnp.where(_is_negative(u), jnp.float32(-1), jnp.float32(1))
+    if a_step is None:
+        raise ValueError(f"input_codes: {fmt.method} inputs need their step a_step; got None.")
     lo, hi = fmt.levels
     v = u * (1 / a_step)
     return v, jnp.round(jnp.where(v < lo, jnp.float32(lo), jnp.where(v > hi, jnp.float32(hi), v)))

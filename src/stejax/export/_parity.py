@@ -233,8 +233,8 @@ def parity(
     inputs = np.asarray(inputs, np.float32)
     xn = normalizer.apply(inputs)
     ref = np.asarray(_reference_logits(params, jnp.asarray(xn), model_config, qat_config))
-    got, records = model.compiled_trace(model.weights, jnp.asarray(inputs))
-    got = np.asarray(got)
+    got_logits, records = model.compiled_trace(model.weights, jnp.asarray(inputs))
+    got = np.asarray(got_logits)
     n = inputs.shape[0]
     weights = model.weights
     e_in = np.abs(np.asarray(model.compiled_normalize(weights, jnp.asarray(inputs)), np.float64) - xn)

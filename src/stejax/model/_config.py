@@ -46,7 +46,7 @@ def _int_tuple(where: str, name: str, value: Any, *, allow_empty: bool) -> tuple
 def _dropout_rate(where: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{where}: dropout must be a float in [0, 1); got {value!r}.")
-    if not (math.isfinite(value) and 0.0 <= value < 1.0):
+    if not (math.isfinite(value) and 0.0 <= float(value) < 1.0):
         raise ValueError(f"{where}: dropout must be a float in [0, 1); got {value}.")
     return float(value)
 

@@ -60,6 +60,7 @@ def quantize_weights(w: jax.Array, step: jax.Array | None, q: Quantizer | None) 
         else:
             wq = jnp.reshape(magnitude_aware_sign(jnp.reshape(w, (-1,))), w.shape)
         return wq, _outside_unit_fraction(w)
+    step = _required_step(step, q, "weights")
     qn, qp = lsq_levels(q.bits, True)
     if q.method == "lsq":
         axis = None if q.granularity == "tensor" else w.ndim - 1
@@ -80,7 +81,14 @@ def quantize_input(
         return u, None
     if q.method == "sign":
         return sign_ste(u), _outside_unit_fraction(u)
+    step = _required_step(step, q, "inputs")
     qn, qp = lsq_levels(q.bits, signed)
     if q.method == "lsq":
         return lsq(u, step, bits=q.bits, signed=signed), _outside_fraction(u, step, qn, qp)
     return round_no_ste(u, step, bits=q.bits, signed=signed), jnp.ones((), jnp.float32)
+
+
+def _required_step(step: jax.Array | None, q: Quantizer, where: str) -> jax.Array:
+    if step is None:
+        raise ValueError(f"{q.method} {where} need their LSQ step; got None (the parameters lack the step).")
+    return step
