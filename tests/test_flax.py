@@ -46,7 +46,10 @@ def _x(shape, seed=0, dtype=np.float32):
 
 
 def _quant(entry) -> Quant:
-    return Quant(entry.name, **entry.default_params())
+    # fake_quant's scale as a variable (static), so every learned argument is checked the same way here;
+    # dynamic scales (the default for weights) are tested in test_flax_scales.py.
+    static = {"scale": "static"} if entry.name == "fake_quant" else {}
+    return Quant(entry.name, **entry.default_params(), **static)
 
 
 def _by_hand(quant: Quant, x, learned, key=None):
@@ -189,7 +192,9 @@ def test_learned_arguments_start_from_the_documented_values():
     np.testing.assert_allclose(layer.weight_step[...], 2 * np.abs(w).mean(axis=0) / np.sqrt(7), rtol=1e-6)
     np.testing.assert_allclose(layer.input_step[...], 2 / np.sqrt(15), rtol=1e-6)
     assert float(layer.input_offset[...]) == 0.0
-    fq = QuantLinear(6, 4, weights=Quant("fake_quant", bits=8), kernel_init=kernel_init, rngs=nnx.Rngs(0))
+    fq = QuantLinear(
+        6, 4, weights=Quant("fake_quant", bits=8, scale="static"), kernel_init=kernel_init, rngs=nnx.Rngs(0)
+    )
     np.testing.assert_allclose(fq.weight_scale[...], np.abs(w).max() / 127, rtol=1e-6)
     pact = QuantLinear(6, 4, activations=Quant("pact", bits=4, init={"alpha": 3}), rngs=nnx.Rngs(0))
     assert float(pact.input_alpha[...]) == 3.0
@@ -230,7 +235,8 @@ def test_plain_callables_are_applied_as_they_are():
 @pytest.mark.parametrize(
     ("call", "error", "message"),
     [
-        (lambda: QuantLinear(3, 2, rngs=nnx.Rngs(0))(_x((2, 4))), ValueError, "rank 2 with 3 features last"),
+        (lambda: QuantLinear(3, 2, rngs=nnx.Rngs(0))(_x((2, 4))), ValueError, "shape (..., 3) (any rank >= 1"),
+        (lambda: QuantLinear(3, 2, rngs=nnx.Rngs(0))(_x((4,))), ValueError, "features last); got shape (4,)"),
         (lambda: QuantLinear(3, 2, rngs=nnx.Rngs(0))(jnp.ones((2, 3), jnp.int32)), TypeError, "floating-point"),
         (lambda: QuantConv(2, 2, (3, 3), rngs=nnx.Rngs(0))(_x((4, 4, 2))), ValueError, "rank 4 with 2 features last"),
         (lambda: QuantConv(3, 2, 3, feature_group_count=2, rngs=nnx.Rngs(0)), ValueError, "multiple of"),

@@ -34,8 +34,10 @@ class _Quantised(nnx.Module):
         precision: Any,
         rngs: nnx.Rngs | None,
         where: str,
+        contraction_axis: int,
     ) -> None:
         self.kernel = nnx.Param(kernel)
+        self.contraction_axis = contraction_axis
         self.bias = nnx.Param(bias) if bias is not None else nnx.data(None)
         self.weights = as_quant(weights, where=f"{where}: weights")
         self.activations = as_quant(activations, where=f"{where}: activations")
@@ -45,7 +47,12 @@ class _Quantised(nnx.Module):
         for role, prefix, quant in (("weights", "weight", self.weights), ("activations", "input", self.activations)):
             if quant is None:
                 continue
-            for arg, (trainable, value) in quant.learned(role, kernel=kernel, in_features=in_features).items():
+            where_q = f"{where}: {role}"
+            try:
+                learned = quant.learned(role, kernel=kernel, in_features=in_features, contraction_axis=contraction_axis)
+            except ValueError as e:
+                raise ValueError(f"{where_q}: {e}") from None
+            for arg, (trainable, value) in learned.items():
                 setattr(self, f"{prefix}_{arg}", (nnx.Param if trainable else Calibration)(value))
         random = [q.name for q in (self.weights, self.activations) if q is not None and q.random]
         streams = [s for s in ("quant", "default") if rngs is not None and s in rngs]
@@ -58,7 +65,10 @@ class _Quantised(nnx.Module):
 
     def _learned(self, quant: Quant, prefix: str) -> dict[str, jax.Array]:
         entry = quant.entry
-        return {} if entry is None else {a.name: getattr(self, f"{prefix}_{a.name}")[...] for a in entry.args}
+        role = "weights" if prefix == "weight" else "activations"
+        if entry is None or quant.scale_mode(role) == "dynamic":
+            return {}
+        return {a.name: getattr(self, f"{prefix}_{a.name}")[...] for a in entry.args}
 
     def _key(self, quant: Quant) -> jax.Array | None:
         return self.quant_rngs() if quant.random else None
@@ -77,13 +87,22 @@ class _Quantised(nnx.Module):
         if self.weights is None:
             return kernel
         return self.weights.apply(
-            kernel, self._learned(self.weights, "weight"), role="weights", key=self._key(self.weights)
+            kernel,
+            self._learned(self.weights, "weight"),
+            role="weights",
+            key=self._key(self.weights),
+            contraction_axis=self.contraction_axis,
         )
 
-    def _operands(self, x: jax.Array, rank: int, where: str) -> tuple[jax.Array, jax.Array]:
+    def _operands(self, x: jax.Array, rank: int | None, where: str) -> tuple[jax.Array, jax.Array]:
         if not jnp.issubdtype(x.dtype, jnp.floating):
             raise TypeError(f"{where}: x must be a floating-point array; got dtype {x.dtype}.")
-        if x.ndim != rank or x.shape[-1] != self.in_features:
+        if rank is None and (x.ndim < 1 or x.shape[-1] != self.in_features):
+            raise ValueError(
+                f"{where}: x must have shape (..., {self.in_features}) (any rank >= 1, the features last); "
+                f"got shape {x.shape}."
+            )
+        if rank is not None and (x.ndim != rank or x.shape[-1] != self.in_features):
             raise ValueError(
                 f"{where}: x must have rank {rank} with {self.in_features} features last; got shape {x.shape}."
             )
@@ -160,6 +179,7 @@ class QuantLinear(_Quantised):
             precision=precision,
             rngs=rngs,
             where="QuantLinear",
+            contraction_axis=0,
         )
 
     def __call__(self, x: jax.Array) -> jax.Array:
@@ -167,10 +187,10 @@ class QuantLinear(_Quantised):
 
         Returns ``(..., out_features)`` (``(out_features,)`` for one example).
         """
-        if jnp.ndim(x) == 1:
+        if jnp.ndim(x) == 1 and jnp.shape(x)[0] == self.in_features:
             # One example: the quantisers see it as a batch of one, as for (1, in_features).
             return self(x[None])[0]
-        a, w = self._operands(x, max(x.ndim, 2), "QuantLinear")
+        a, w = self._operands(x, None, "QuantLinear")
         y = jax.lax.dot_general(a, w, (((a.ndim - 1,), (0,)), ((), ())), precision=self.precision)
         return self._add_bias(y)
 
@@ -285,6 +305,7 @@ class QuantConv(_Quantised):
             precision=precision,
             rngs=rngs,
             where="QuantConv",
+            contraction_axis=-2,
         )
 
     def __call__(self, x: jax.Array) -> jax.Array:
