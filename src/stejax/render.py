@@ -24,6 +24,7 @@ __all__ = [
     "derivative_math",
     "first_paragraph",
     "input_text",
+    "markdown_roles",
     "plain_math",
     "render_entry",
     "render_page",
@@ -116,6 +117,18 @@ def first_paragraph(fn: Any) -> str:
     return " ".join(doc.strip().split("\n\n")[0].split())
 
 
+_ROLE = re.compile(r":(math|func|class|meth|attr|data|mod|exc|obj):`([^`]+)`")
+
+
+def markdown_roles(text: str) -> str:
+    r"""The docstrings' Sphinx roles as Markdown: ``:math:`x``` as ``$x$``, ``:func:`f``` as code.
+
+    >>> markdown_roles(r"Binarise to :math:`\pm 1` like :func:`sign_ste`.")
+    'Binarise to $\\pm 1$ like `sign_ste`.'
+    """
+    return _ROLE.sub(lambda m: f"${m.group(2)}$" if m.group(1) == "math" else f"`{m.group(2)}`", text)
+
+
 def catalog_markdown(entries: Iterable[Entry], *, image_dir: str) -> str:
     """A Markdown summary table of ``entries``, each row linking to its plot in ``image_dir``."""
     lines = [
@@ -178,7 +191,7 @@ def render_page(entries: Iterable[Entry]) -> str:
 def render_entry(e: Entry) -> list[str]:
     """One estimator's section of the catalog page, as Markdown lines."""
     lines = [f"### `{e.name}`", ""]
-    summary = first_paragraph(e.fn)
+    summary = markdown_roles(first_paragraph(e.fn))
     if summary:
         lines += [summary, ""]
     call = ", ".join(["x", *(a.name for a in e.args), *(f"{p.name}=..." for p in e.params)])
