@@ -6,6 +6,7 @@ surrogate derivative, built by the one factory :func:`surrogate`. The catalog
 """
 
 from stejax.estimators._core import surrogate as surrogate
+from stejax.estimators.absmean import absmean_ternary as absmean_ternary
 from stejax.estimators.binary import approx_sign as approx_sign
 from stejax.estimators.binary import magnitude_aware_sign as magnitude_aware_sign
 from stejax.estimators.binary import sign_ste as sign_ste

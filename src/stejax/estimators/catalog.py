@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 
-from stejax.estimators import binary, latent, rounding, spiking, uniform
+from stejax.estimators import absmean, binary, latent, rounding, spiking, uniform
 from stejax.estimators._entry import Entry
 
 __all__ = ["CATALOG", "FAMILIES", "Catalog", "get"]
@@ -41,7 +41,9 @@ class Catalog(Mapping[str, Entry]):
         return tuple(e for e in self._entries.values() if e.family == family)
 
 
-CATALOG = Catalog(rounding.ENTRIES + binary.ENTRIES + uniform.ENTRIES + latent.ENTRIES + spiking.ENTRIES)
+CATALOG = Catalog(
+    rounding.ENTRIES + binary.ENTRIES + absmean.ENTRIES + uniform.ENTRIES + latent.ENTRIES + spiking.ENTRIES
+)
 
 
 def get(name: str) -> Entry:
