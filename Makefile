@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test lint bench clean
+.PHONY: setup demo test lint docs bench clean
 
 setup: $(STAMP)
 
@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml requirements/constraints.txt
 demo: setup
 	$(BIN)/stejax demo --out demo-out
 
-test: lint
+test: lint docs
 	$(BIN)/python -m pytest -n 2 -q
 
 # `make test` runs exactly this first, so lint cannot drift from CI.
@@ -26,8 +26,12 @@ lint: setup
 	$(BIN)/ruff format --check src tests benchmarks docs
 	$(BIN)/mypy
 
+# The documentation site in site/, built with --strict: a broken reference or a missing page fails `make test`.
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
 bench: setup
 	$(BIN)/stejax bench --suite all --out bench-out
 
 clean:
-	rm -rf $(VENV) demo-out .pytest_cache
+	rm -rf $(VENV) demo-out .pytest_cache site
