@@ -12,11 +12,8 @@ from __future__ import annotations
 
 import datetime
 import hashlib
-import json
 import os
-import shutil
 import stat
-from pathlib import Path
 
 import pytest
 from cryptography import x509
@@ -24,7 +21,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from artifact_runs import copy_artifact, exported
+from artifact_runs import copy_artifact
+from signing_support import CASES, make_key, signed_copy, weight_byte_changed
 from stejax.artifacts import (
     ArtifactError,
     Registry,
@@ -33,108 +31,17 @@ from stejax.artifacts import (
     keygen,
     load_artifact,
     public_key,
-    save_artifact,
     sign_artifact,
     verify_signature,
 )
-from stejax.regress import record
 
 DTYPES = ("float32",)
-
-
-def make_key(folder: Path, name: str, curve=ec.SECP256R1) -> tuple[Path, Path]:
-    """A fresh EC key pair as PEM files ``name.pem`` (private) and ``name.pub.pem``."""
-    folder.mkdir(parents=True, exist_ok=True)
-    key = ec.generate_private_key(curve())
-    private = folder / f"{name}.pem"
-    public = folder / f"{name}.pub.pem"
-    private.write_bytes(
-        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
-    )
-    public.write_bytes(
-        key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
-    )
-    return private, public
 
 
 @pytest.fixture
 def keys(tmp_path):
     """Two key pairs: ``ours`` (trusted) and ``theirs`` (not)."""
     return {name: make_key(tmp_path / "keys", name) for name in ("ours", "theirs")}
-
-
-def variant(dest: Path, n: int) -> Path:
-    """Another artifact of the w4a4 export (another parent id: another manifest and id), with its regression set."""
-    save_artifact(exported("w4a4"), dest, parent=hashlib.sha256(f"variant {n}".encode()).hexdigest())
-    record(dest)
-    return dest
-
-
-def signed_copy(dest: Path, private: Path, n: int = 0) -> Path:
-    """Artifact ``n`` (0: the shared w4a4 artifact, else a :func:`variant`) at ``dest``, signed with ``private``."""
-    root = copy_artifact("w4a4", dest) if n == 0 else variant(dest, n)
-    sign_artifact(root, private)
-    return root
-
-
-# ------------------------------------------------------------------------------ the tampering cases
-
-
-def _resigned_by_another_key(root: Path, keys, tmp_path) -> None:
-    sign_artifact(root, keys["theirs"][0], replace=True)
-
-
-def _weight_byte_changed(root: Path, keys, tmp_path) -> None:
-    weights = root / "weights.safetensors"
-    data = bytearray(weights.read_bytes())
-    data[-5] ^= 0x01
-    weights.write_bytes(bytes(data))
-
-
-def _file_added(root: Path, keys, tmp_path) -> None:
-    (root / "regression" / "notes.txt").write_text("added after signing\n")
-
-
-def _file_removed(root: Path, keys, tmp_path) -> None:
-    (root / "regression" / "regression.safetensors").unlink()
-
-
-def _signature_removed(root: Path, keys, tmp_path) -> None:
-    (root / "model.sig").unlink()
-
-
-def _signature_copied_from_another_artifact(root: Path, keys, tmp_path) -> None:
-    other = signed_copy(tmp_path / "other", keys["ours"][0], n=9)
-    shutil.copyfile(other / "model.sig", root / "model.sig")
-
-
-def _signature_altered(root: Path, keys, tmp_path) -> None:
-    bundle = json.loads((root / "model.sig").read_text())
-    sig = bundle["dsseEnvelope"]["signatures"][0]["sig"]
-    bundle["dsseEnvelope"]["signatures"][0]["sig"] = sig[:10] + ("A" if sig[10] != "A" else "B") + sig[11:]
-    (root / "model.sig").write_text(json.dumps(bundle))
-
-
-# (tamper, the reason, the file named, a fragment of the message)
-CASES = {
-    "re-signed by another key": (
-        _resigned_by_another_key,
-        "untrusted",
-        "model.sig",
-        "which this policy does not trust",
-    ),
-    "one weight byte changed": (_weight_byte_changed, "changed", "weights.safetensors", "changed after signing"),
-    "a file added": (_file_added, "added", "regression/notes.txt", "added after signing"),
-    "a file removed": (_file_removed, "removed", "regression/regression.safetensors", "removed after signing"),
-    "the signature removed": (_signature_removed, "unsigned", "model.sig", "no signature"),
-    "the signature of another artifact": (
-        _signature_copied_from_another_artifact,
-        "other-artifact",
-        "model.sig",
-        "the signature was made for another artifact",
-    ),
-    "the signature altered": (_signature_altered, "bad-signature", "model.sig", "does not verify under it"),
-}
 
 
 # ------------------------------------------------------------------------------ keys
@@ -154,7 +61,6 @@ def test_keygen_writes_a_private_key_only_its_owner_can_read(tmp_path):
 
 
 def public_key_fingerprint(key) -> str:
-    import hashlib
 
     pem = key.public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
     return hashlib.sha256(pem).hexdigest()
@@ -224,7 +130,7 @@ def test_sign_refuses_an_artifact_that_does_not_verify_and_an_existing_signature
     with pytest.raises(FileExistsError, match=r"model\.sig: the artifact is signed already"):
         sign_artifact(root, keys["theirs"][0])
     assert (root / "model.sig").read_bytes() == before
-    _weight_byte_changed(root, keys, tmp_path)
+    weight_byte_changed(root, keys, tmp_path)
     with pytest.raises(ArtifactError, match=r"weights\.safetensors: sha256 .* \(the file was changed\)"):
         sign_artifact(root, keys["ours"][0], replace=True)
     assert (root / "model.sig").read_bytes() == before

@@ -18,6 +18,9 @@ EXTRA_OF: dict[str, str] = {
     "httpx": "serve",
     "flax": "flax",
     "qwix": "peers",
+    "model_signing": "sign",
+    "cryptography": "sign",
+    "OpenSSL": "sign",
 }
 
 

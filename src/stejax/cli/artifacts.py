@@ -140,12 +140,33 @@ def artifact_group() -> None:
 
 @artifact_group.command("verify")
 @click.argument("artifact_dir", type=click.Path(file_okay=False, path_type=Path))
-def artifact_verify(artifact_dir: Path) -> None:
-    """Verify ARTIFACT_DIR: every file's sha256, the safetensors headers, the contract; non-zero exit on any problem."""
-    from stejax.artifacts import load_artifact
+@click.option(
+    "--public-key",
+    "public_keys",
+    multiple=True,
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="A trusted PEM public key (repeatable): the artifact must be signed by one of them (needs stejax[sign]).",
+)
+@click.option(
+    "--certificate-chain",
+    "roots",
+    multiple=True,
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="A trusted root certificate (PEM, repeatable), for artifacts signed with a certificate.",
+)
+def artifact_verify(artifact_dir: Path, public_keys: tuple[Path, ...], roots: tuple[Path, ...]) -> None:
+    """Verify ARTIFACT_DIR: every file's sha256, the safetensors headers, the contract; non-zero exit on any problem.
 
-    artifact = _artifact_errors(lambda: load_artifact(artifact_dir))
+    With --public-key (or --certificate-chain), the signature model.sig is
+    checked first: signed by a trusted key, every file exactly as signed.
+    """
+    from stejax.artifacts import load_artifact, verify_signature
+
     console = Console()
+    signature = None
+    if public_keys or roots:
+        signature = _artifact_errors(lambda: verify_signature(artifact_dir, public_keys, roots=roots))
+    artifact = _artifact_errors(lambda: load_artifact(artifact_dir))
     table = Table(title=f"artifact {artifact.short_id}")
     for column in ("file", "bytes", "sha256"):
         table.add_column(column, justify="right" if column == "bytes" else "left")
@@ -154,6 +175,113 @@ def artifact_verify(artifact_dir: Path) -> None:
     console.print(table)
     quant = artifact.manifest["quantization"]
     console.print(Text(f"verified: {artifact.id} ({quant['preset']}: {quant['describe']})"))
+    if signature is not None:
+        console.print(Text(f"signature: {signature.summary()}"))
+    elif (artifact_dir / "model.sig").exists():
+        console.print(Text("signature: model.sig present, not checked (give --public-key to check who signed it)"))
+    else:
+        console.print(Text("signature: none (unsigned)"))
+
+
+@artifact_group.command("sign")
+@click.argument("artifact_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option(
+    "--key",
+    "private_key",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    required=True,
+    help="The PEM elliptic-curve private key (P-256, P-384 or P-521).",
+)
+@click.option(
+    "--certificate",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="The key's signing certificate (PEM); the signature then carries it and --chain.",
+)
+@click.option(
+    "--chain",
+    multiple=True,
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="A certificate between --certificate and the root (PEM, repeatable).",
+)
+@click.option("--replace", is_flag=True, help="Replace an existing signature.")
+def artifact_sign(
+    artifact_dir: Path, private_key: Path, certificate: Path | None, chain: tuple[Path, ...], replace: bool
+) -> None:
+    """Sign every file of ARTIFACT_DIR (OpenSSF model signing, offline); writes ARTIFACT_DIR/model.sig.
+
+    The artifact is verified first. Sign last: anything written into the
+    artifact afterwards (a regression set) is a file added after signing.
+    Needs the extra stejax[sign].
+    """
+    from stejax.artifacts import sign_artifact
+
+    if chain and certificate is None:
+        raise click.UsageError("--chain needs --certificate.")
+    path = _artifact_errors(
+        lambda: sign_artifact(artifact_dir, private_key, certificate=certificate, chain=chain, replace=replace)
+    )
+    Console().print(Text(f"signed: {path}"))
+
+
+@artifact_group.command("keygen")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True, help="The directory.")
+@click.option(
+    "--curve", type=click.Choice(["secp256r1", "secp384r1", "secp521r1"]), default="secp256r1", show_default=True
+)
+def artifact_keygen(out: Path, curve: str) -> None:
+    """Make a key pair to try signing: OUT/private.pem (mode 0600, unencrypted) and OUT/public.pem."""
+    from stejax.artifacts import keygen, public_key
+
+    private, public = _artifact_errors(lambda: keygen(out, curve=curve))
+    console = Console()
+    console.print(Text(f"private key: {private} (mode 0600; keep it secret)"))
+    console.print(Text(f"public key:  {public} ({public_key(public).short})"))
+
+
+@artifact_group.group("trust")
+def artifact_trust() -> None:
+    """The registry's trusted keys: once it has one, it accepts only artifacts they signed."""
+
+
+@artifact_trust.command("add")
+@click.argument("public_key_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--registry", "registry_dir", type=click.Path(file_okay=False, path_type=Path), required=True)
+def artifact_trust_add(public_key_file: Path, registry_dir: Path) -> None:
+    """Trust PUBLIC_KEY_FILE (a PEM public key); logged in the registry's events."""
+    from stejax.artifacts import Registry
+
+    key = _artifact_errors(lambda: Registry(registry_dir).trust(public_key_file))
+    Console().print(Text(f"trusted: {key.short} ({key.curve}), stored as {key.path}"))
+
+
+@artifact_trust.command("remove")
+@click.argument("key")
+@click.option("--registry", "registry_dir", type=click.Path(file_okay=False, path_type=Path), required=True)
+def artifact_trust_remove(key: str, registry_dir: Path) -> None:
+    """Stop trusting KEY (its PEM file, or 16+ hex digits of its fingerprint); what it signed stops being eligible."""
+    from stejax.artifacts import Registry
+
+    removed = _artifact_errors(lambda: Registry(registry_dir).untrust(key))
+    Console().print(Text(f"no longer trusted: {removed.short}"))
+
+
+@artifact_trust.command("list")
+@click.option("--registry", "registry_dir", type=click.Path(file_okay=False, path_type=Path), required=True)
+def artifact_trust_list(registry_dir: Path) -> None:
+    """List the trusted keys (none: the registry does not check signatures)."""
+    from stejax.artifacts import Registry
+
+    keys = _artifact_errors(lambda: Registry(registry_dir).trusted_keys())
+    if not keys:
+        Console().print(Text(f"{registry_dir}: no trusted key; signatures are not checked."))
+        return
+    table = Table(title=f"trusted keys of {registry_dir}")
+    for column in ("fingerprint (sha256 of the PEM)", "curve"):
+        table.add_column(column)
+    for key in keys:
+        table.add_row(Text(key.fingerprint), Text(key.curve))
+    Console().print(table)
 
 
 @artifact_group.command("promote")
@@ -174,6 +302,8 @@ def artifact_promote(artifact_dir: Path, registry_dir: Path, estimator_dtypes: s
     except (ValueError, OSError) as error:
         raise click.ClickException(f"{type(error).__name__}: {error}") from None
     console.print(_checks_table("release gate", promotion.gate.checks))
+    if promotion.signature is not None:
+        console.print(Text(f"signature: {promotion.signature.summary()}"))
     previous = promotion.previous_id[:12] if promotion.previous_id else "none"
     console.print(Text(f"current: {promotion.artifact.id} (previous: {previous})"))
 

@@ -64,6 +64,14 @@ _ADMIN_TOKEN_ENV = "STEJAX_ADMIN_TOKEN"
     help=f"The admin bearer token (else ${_ADMIN_TOKEN_ENV}); without one the admin endpoints are off.",
 )
 @click.option(
+    "--trust-key",
+    "trust_keys",
+    multiple=True,
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="Serve only artifacts signed by this PEM public key (repeatable; checked at start-up and on every reload, "
+    "before the gate; needs stejax[sign]).",
+)
+@click.option(
     "--log-level",
     type=click.Choice(["critical", "error", "warning", "info", "debug"]),
     default="info",
@@ -82,6 +90,7 @@ def serve_command(
     micro_batching: bool,
     max_connections: int,
     admin_token_file: Path | None,
+    trust_keys: tuple[Path, ...],
     log_level: str,
 ) -> None:
     """Serve a verified artifact over HTTP: POST /v1/predict, /metrics, /healthz, /readyz, /admin/*.
@@ -125,13 +134,16 @@ def serve_command(
     except ValueError as error:
         raise click.BadParameter(str(error)) from None
     source: ArtifactSource | RegistrySource
-    if artifact_dir is not None:
-        source = ArtifactSource(artifact_dir)
-    else:
-        from stejax.artifacts import Registry
+    try:
+        if artifact_dir is not None:
+            source = ArtifactSource(artifact_dir, trusted_keys=trust_keys)
+        else:
+            from stejax.artifacts import Registry
 
-        assert registry_dir is not None  # exactly one of the two, checked above
-        source = RegistrySource(Registry(registry_dir))
+            assert registry_dir is not None  # exactly one of the two, checked above
+            source = RegistrySource(Registry(registry_dir), trusted_keys=trust_keys)
+    except ValueError as error:  # a --trust-key that is not an EC public key
+        raise click.BadParameter(str(error), param_hint="--trust-key") from None
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     console = Console()
     console.print(
