@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import dataclasses
 import datetime
@@ -396,7 +397,7 @@ class Registry:
             finally:
                 fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
 
-    def _write_state(self, current: str | None, previous: list[str]) -> None:
+    def _write_state(self, current: str | None, previous: builtins.list[str]) -> None:
         tmp = self.root / f".{STATE}.partial-{os.getpid()}"
         tmp.unlink(missing_ok=True)
         write_file(

@@ -202,8 +202,9 @@ class RegistrySource:
         try:
             promotion = self.registry.promote(Path(path))
         except (ValueError, OSError) as error:
-            if getattr(error, "signature_error", None) is not None:
-                raise Refused(str(path), [f"signature: {error.signature_error}"], outcome="untrusted") from None
+            signature_error = getattr(error, "signature_error", None)
+            if signature_error is not None:
+                raise Refused(str(path), [f"signature: {signature_error}"], outcome="untrusted") from None
             report = getattr(error, "report", None)
             failures = _failure_lines(report) if report is not None and not report.passed else []
             raise Refused(str(path), failures or [f"{type(error).__name__}: {error}"]) from None
