@@ -19,3 +19,9 @@ from stejax.flax._layers import QuantLinear as QuantLinear
 from stejax.flax._layers import quantize as quantize
 from stejax.flax._quant import Calibration as Calibration
 from stejax.flax._quant import Quant as Quant
+from stejax.flax._rules import Rule as Rule
+from stejax.flax._rules import SiteRow as SiteRow
+from stejax.flax._rules import Summary as Summary
+from stejax.flax._rules import calibrate as calibrate
+from stejax.flax._rules import quantize_model as quantize_model
+from stejax.flax._rules import summary as summary
