@@ -1,6 +1,7 @@
 """The surrogate factory: exact forward, declared tangent, compositions, errors."""
 
 import functools
+import re
 
 import jax
 import jax.numpy as jnp
@@ -227,3 +228,60 @@ def test_subnormals_follow_jax_not_numpy():
     for fn, ref in [(stejax.floor_ste, jnp.floor), (stejax.ceil_ste, jnp.ceil), (stejax.round_ste, jnp.round)]:
         assert_bitwise_equal(fn(x), np.asarray(ref(x)), context=fn.__name__)
         assert_bitwise_equal(jax.jit(fn)(x), np.asarray(ref(x)), context=fn.__name__)
+
+
+# --- misuse of the factory: errors that name the estimator, what was expected and what came -----
+
+
+def _slope_round(x, *, slope=1.0):
+    return jnp.round(x)
+
+
+def _slope_derivative(x, *, slope=1.0):
+    return jnp.full_like(x, slope)
+
+
+def test_rules_must_be_functions():
+    with pytest.raises(TypeError, match=r"surrogate \(round\): `derivative` must be a function; got str 'x'"):
+        stejax.surrogate(jnp.round, "x")
+    with pytest.raises(TypeError, match=r"surrogate \(mine\): `tangent` must be a function; got int 3"):
+        stejax.surrogate(jnp.round, tangent=3, name="mine")
+    with pytest.raises(TypeError, match=r"surrogate \(estimator\): `forward` must be a function; got NoneType"):
+        stejax.surrogate(None, jnp.ones_like)
+
+
+def test_a_traced_array_as_a_keyword_hyperparameter_is_refused():
+    est = stejax.surrogate(_slope_round, _slope_derivative, name="slope_round")
+    x = jnp.linspace(-1, 1, 5)
+    match = r"slope_round: keyword argument `slope` is a static hyperparameter .* got a traced array"
+    with pytest.raises(TypeError, match=match):
+        jax.grad(lambda s: est(x, slope=s).sum())(2.0)
+    with pytest.raises(TypeError, match=match):
+        jax.jit(lambda x, s: est(x, slope=s))(x, 2.0)
+    # A Python number is what it takes, under jit too.
+    assert float(jax.grad(lambda x: jax.jit(functools.partial(est, slope=2.0))(x).sum())(x)[0]) == 2.0
+
+
+def test_an_unknown_keyword_names_the_estimator_and_the_known_ones():
+    est = stejax.surrogate(_slope_round, _slope_derivative, name="slope_round")
+    with pytest.raises(TypeError, match=r"slope_round: unknown keyword argument\(s\) 'slop': its forward "):
+        est(jnp.ones(3), slop=2.0)
+    # Accepted by the forward but not by the derivative: named before anything is traced.
+    partial_rule = stejax.surrogate(_slope_round, lambda x: jnp.ones_like(x), name="half")
+    with pytest.raises(TypeError, match=r"half: unknown keyword argument\(s\) 'slope': its derivative .* takes none"):
+        partial_rule(jnp.ones(3), slope=2.0)
+
+
+@pytest.mark.parametrize("shape", [(2,), (3, 1), (4, 3)])
+def test_a_derivative_of_the_wrong_shape_is_named(shape):
+    est = stejax.surrogate(jnp.round, lambda x: jnp.ones(shape, x.dtype), name="wrong_shape")
+    match = rf"wrong_shape: the declared derivative for positional argument 0 has shape {re.escape(str(shape))}; "
+    with pytest.raises(ValueError, match=match + r"expected a shape that broadcasts.*output's shape \(3,\)"):
+        jax.grad(lambda x: est(x).sum())(jnp.ones(3))
+
+
+def test_a_derivative_that_broadcasts_is_accepted():
+    # One partial for all elements (shape ()) or per output element: both broadcast.
+    for d in (lambda x: jnp.float32(0.5), lambda x: jnp.full_like(x, 0.5)):
+        est = stejax.surrogate(jnp.round, d, name="half_slope")
+        assert jax.grad(lambda x, est=est: est(x).sum())(jnp.ones(3)).tolist() == [0.5] * 3

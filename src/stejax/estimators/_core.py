@@ -25,11 +25,13 @@ argument ``key``.
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.typing import ArrayLike
 
 __all__ = ["surrogate"]
@@ -78,16 +80,22 @@ def surrogate(
       >>> float(ste_round(1.7)), float(jax.grad(ste_round)(1.7))
       (2.0, 1.0)
     """
+    name = name or getattr(forward, "__name__", "estimator")
+    for role, rule in (("forward", forward), ("derivative", derivative), ("tangent", tangent)):
+        if (rule is not None or role == "forward") and not callable(rule):
+            raise TypeError(f"surrogate ({name}): `{role}` must be a function; got {type(rule).__name__} {rule!r:.60}.")
     if (derivative is None) == (tangent is None):
         raise ValueError(
             "surrogate: give exactly one of `derivative` (elementwise partials) "
             f"or `tangent` (a linear tangent map); got derivative={derivative!r}, "
             f"tangent={tangent!r}."
         )
-    name = name or getattr(forward, "__name__", "estimator")
     diff_argnums = tuple(int(i) for i in diff_argnums)
     if not diff_argnums or len(set(diff_argnums)) != len(diff_argnums):
         raise ValueError(f"{name}: diff_argnums must name distinct positional arguments; got {diff_argnums}.")
+
+    rules = {"forward": forward, "derivative": derivative, "tangent": tangent}
+    rules = {role: rule for role, rule in rules.items() if rule is not None}
 
     def estimator(*args: ArrayLike, **params: Any) -> jax.Array:
         key = params.pop("key", None)
@@ -102,6 +110,7 @@ def surrogate(
             raise TypeError(
                 f"{name}: expected at least {max(diff_argnums) + 1} positional array argument(s); got {len(args)}."
             )
+        _check_params(name, params, len(args), rules)
         arrays = _as_floating_arrays(name, args, diff_argnums)
         fn = _custom_jvp_fn(name, forward, derivative, tangent, diff_argnums, random, params)
         return fn(key, *arrays) if random else fn(*arrays)
@@ -147,6 +156,8 @@ def _custom_jvp_fn(name, forward, derivative, tangent, diff_argnums, random, par
                     f"{name}: the declared derivative must return one partial per "
                     f"differentiable argument ({len(diff_argnums)}); got {len(partials)}."
                 )
+            for i, d, t in zip(diff_argnums, partials, diff_tangents, strict=True):
+                _check_partial(name, i, d, t, y)
             pairs = zip(partials, diff_tangents, strict=True)
             terms = [jnp.asarray(d, y.dtype) * t.astype(y.dtype) for d, t in pairs]
             t_out = functools.reduce(jnp.add, terms)
@@ -161,6 +172,62 @@ def _custom_jvp_fn(name, forward, derivative, tangent, diff_argnums, random, par
         return y, jnp.broadcast_to(t_out, y.shape)
 
     return fn
+
+
+def _check_params(name: str, params: dict[str, Any], n_args: int, rules: dict[str, Callable[..., Any]]) -> None:
+    """Keyword arguments are static hyperparameters that every declared rule accepts."""
+    for keyword, value in params.items():
+        if any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree.leaves(value)):
+            raise TypeError(
+                f"{name}: keyword argument `{keyword}` is a static hyperparameter (a Python number, string or "
+                f"tuple), never traced; got a traced array ({jax.typeof(jax.tree.leaves(value)[0])}), as under "
+                "jit, grad or vmap. Pass an array that varies or is differentiated positionally, and name its "
+                "position in diff_argnums to give it a surrogate gradient."
+            )
+    for role, rule in rules.items():
+        accepted = _keywords(rule, n_args)
+        if accepted is None:
+            continue
+        accepted = accepted - {"key", "tangents"}
+        unknown = sorted(set(params) - accepted)
+        if unknown:
+            raise TypeError(
+                f"{name}: unknown keyword argument(s) {', '.join(map(repr, unknown))}: its {role} "
+                f"{getattr(rule, '__name__', rule)!r} takes {', '.join(map(repr, sorted(accepted))) or 'none'}."
+            )
+
+
+@functools.lru_cache(maxsize=1024)
+def _keywords(fn: Callable[..., Any], n_positional: int) -> frozenset[str] | None:
+    """The names ``fn`` accepts as keywords after ``n_positional`` positional arguments (None: any)."""
+    try:
+        parameters = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):  # no signature to read (a builtin): let the call say
+        return None
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        return None
+    names = set()
+    for i, p in enumerate(parameters):
+        if p.kind is inspect.Parameter.KEYWORD_ONLY:
+            names.add(p.name)
+        elif p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD and i >= n_positional:
+            names.add(p.name)
+    return frozenset(names)
+
+
+def _check_partial(name: str, i: int, d: Any, t: jax.Array, y: jax.Array) -> None:
+    """A declared partial broadcasts, with its argument's tangent, to the output's shape."""
+    shape = np.shape(d)
+    try:
+        ok = np.broadcast_shapes(shape, t.shape, y.shape) == y.shape
+    except ValueError:
+        ok = False
+    if not ok:
+        raise ValueError(
+            f"{name}: the declared derivative for positional argument {i} has shape {shape}; expected a shape "
+            f"that broadcasts, with the argument's shape {t.shape}, to the output's shape {y.shape} (one partial "
+            "per output element, or one that broadcasts to it)."
+        )
 
 
 def _as_floating_arrays(name: str, args: Sequence[Any], diff_argnums: tuple[int, ...]) -> list[jax.Array]:
