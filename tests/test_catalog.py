@@ -194,3 +194,26 @@ def test_integer_and_boolean_inputs_are_rejected(entry, bad_dtype):
     with pytest.raises(TypeError, match="floating-point") as err:
         fn(jnp.zeros(x.shape, bad_dtype), *args)
     assert entry.name.split("_")[0] in str(err.value)
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=IDS)
+def test_metadata_lists_every_parameter_of_the_signature(entry):
+    import inspect
+
+    parameters = inspect.signature(entry.fn).parameters.values()
+    keywords = [p.name for p in parameters if p.kind is inspect.Parameter.KEYWORD_ONLY and p.name != "key"]
+    positional = [p.name for p in parameters if p.kind is not inspect.Parameter.KEYWORD_ONLY][1:]
+    assert sorted(p.name for p in entry.params) == sorted(keywords), f"{entry.name}: keyword parameters"
+    assert [a.name for a in entry.args] == positional, f"{entry.name}: positional arrays"
+    assert entry.random == ("key" in inspect.signature(entry.fn).parameters)
+
+
+@pytest.mark.parametrize("name", ["fake_quant", "lsq", "lsq_plus"])
+def test_per_channel_example_arrays_follow_the_axis(name):
+    entry = CATALOG[name]
+    params = {**entry.default_params(), "axis": 1}
+    args = entry.example_args(np.random.default_rng(0), (3, 5), np.float32, params)
+    assert all(a.shape == (5,) for a in args), [a.shape for a in args]
+    # The channels' steps differ, so a value applied to the wrong channel changes the result.
+    assert len(set(args[0].tolist())) > 1
+    assert all(a.shape == () for a in entry.example_args(np.random.default_rng(0), (3, 5), np.float32, {"axis": None}))

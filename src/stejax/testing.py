@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from stejax.verify import Report, check_surrogate
@@ -21,12 +21,19 @@ def assert_surrogate(
     dtypes: Iterable[Any] | None = None,
     invalid: Iterable[tuple[Any, type[BaseException]]] = (),
     diff_argnums: Sequence[int] | None = None,
+    composition_dtypes: str | Iterable[Any] = "all",
     seed: int = 0,
+    key: Any = None,
+    params: Mapping[str, Any] | None = None,
+    name: str | None = None,
 ) -> Report:
     """:func:`stejax.verify.check_surrogate`, raising AssertionError when a check fails.
 
-    Takes the same arguments. The message lists every failing check with its
-    detail.
+    Takes the same arguments, every one of them (``key=`` for a random
+    estimator, ``params=`` for static keywords, ``name=`` for the report's
+    title). The message lists every failing check with its detail, and the
+    report's notes (a reference that is ``fn`` itself proves nothing about the
+    forward).
 
     Returns:
       The :class:`~stejax.verify.Report`, when every check passed.
@@ -51,10 +58,15 @@ def assert_surrogate(
         dtypes=dtypes,
         invalid=invalid,
         diff_argnums=diff_argnums,
+        composition_dtypes=composition_dtypes,
         seed=seed,
+        key=key,
+        params=params,
+        name=name,
     )
     if not report.ok:
         lines = [report.summary() + ":"]
         lines += [f"  {c.name}: {c.detail}" for c in report.failures]
+        lines += [f"  note: {n}" for n in report.notes]
         raise AssertionError("\n".join(lines))
     return report

@@ -857,14 +857,30 @@ def dorefa_activations(x: ArrayLike, *, bits: int) -> jax.Array:
 # Example arguments are fixed, exactly representable values (the step is 1/4 in
 # every dtype), so that `boundaries` can name the kinks and ties of x exactly.
 _EXAMPLE_STEP = 0.25
+# Per channel (axis set), the channels' steps cycle through these powers of two, so that
+# a value applied to the wrong channel changes the result; the boundaries are those of
+# the first channel (step 1/4).
+_CHANNEL_STEPS = (_EXAMPLE_STEP, 2 * _EXAMPLE_STEP)
+
+
+def _per_channel_example(value, x_shape, dtype, params, *, cycle=None):
+    """``value`` as a scalar (axis None), or one per index along ``params["axis"]`` of x."""
+    axis = params.get("axis")
+    if axis is None:
+        return np.asarray(value, dtype)
+    channels = x_shape[axis]
+    if cycle is None:
+        return np.full((channels,), value, np.float64).astype(dtype)
+    return np.resize(np.asarray(cycle, np.float64), channels).astype(dtype)
 
 
 def _example_step(rng, x_shape, dtype, params):
-    return np.asarray(_EXAMPLE_STEP, dtype)
+    return _per_channel_example(_EXAMPLE_STEP, x_shape, dtype, params, cycle=_CHANNEL_STEPS)
 
 
 def _example_zero_point(rng, x_shape, dtype, params):
-    return np.asarray(_fake_quant_example_zp(params.get("bits", 8), params.get("signed", True)), dtype)
+    zp = _fake_quant_example_zp(params.get("bits", 8), params.get("signed", True))
+    return _per_channel_example(zp, x_shape, dtype, params)
 
 
 def _fake_quant_example_zp(bits, signed):
@@ -873,7 +889,8 @@ def _fake_quant_example_zp(bits, signed):
 
 
 def _example_offset(rng, x_shape, dtype, params):
-    return np.asarray(_lsq_plus_example_offset(params.get("bits", 8), params.get("signed", False)), dtype)
+    offset = _lsq_plus_example_offset(params.get("bits", 8), params.get("signed", False))
+    return _per_channel_example(offset, x_shape, dtype, params)
 
 
 def _lsq_plus_example_offset(bits, signed):
@@ -934,6 +951,13 @@ def _bits_param(values=(8, 4, 2), doc="the bit width"):
 
 
 _SIGNED_DOC = "signed grid (True) or unsigned (False)"
+_AXIS = ParamSpec(
+    "axis",
+    None,
+    (None, -1),
+    "None: one value for the whole input; k: one per index along axis k (per channel). Per group of g: "
+    "reshape x to (-1, g) and use axis=0",
+)
 _GRAD_SCALE = ParamSpec("grad_scale", None, (None, 0.5), "step (and offset) gradient scale; None: 1/sqrt(N Q_P)")
 _CLIP_STE = r"\partial y/\partial x = \mathbb{1}[q_{\min} \le r + z \le q_{\max}]"
 
@@ -951,10 +975,13 @@ ENTRIES = (
             _bits_param(doc="bit width: [2, 16] signed, [1, 16] unsigned"),
             ParamSpec("signed", True, (True, False), _SIGNED_DOC),
             ParamSpec("narrow_range", False, (False, True), "drop the lowest level"),
+            _AXIS,
         ),
         args=(
             ArgSpec("scale", _example_step, False, "the step, a positive scalar (or (C,) with axis)"),
-            ArgSpec("zero_point", _example_zero_point, False, "the integer representing 0, as a float"),
+            ArgSpec(
+                "zero_point", _example_zero_point, False, "the integer representing 0, as a float (or (C,) with axis)"
+            ),
         ),
         forward_math=(
             r"r = \operatorname{round}(x s^{-1}),\ "
@@ -980,8 +1007,9 @@ ENTRIES = (
             _bits_param(doc="bit width: [2, 16] signed, [1, 16] unsigned"),
             ParamSpec("signed", True, (True, False), _SIGNED_DOC),
             _GRAD_SCALE,
+            _AXIS,
         ),
-        args=(ArgSpec("step", _example_step, True, "the learned step, a positive scalar"),),
+        args=(ArgSpec("step", _example_step, True, "the learned step, a positive scalar (or (C,) with axis)"),),
         forward_math=r"v = x s^{-1},\ y = \operatorname{round}(\operatorname{clip}(v, -Q_N, Q_P))\, s",
         derivative_math=(
             r"\partial y/\partial x = \mathbb{1}[-Q_N \le v \le Q_P],\ "
@@ -1007,10 +1035,11 @@ ENTRIES = (
             _bits_param(doc="bit width: [2, 16] signed, [1, 16] unsigned"),
             ParamSpec("signed", False, (False, True), _SIGNED_DOC),
             _GRAD_SCALE,
+            _AXIS,
         ),
         args=(
-            ArgSpec("step", _example_step, True, "the learned step, a positive scalar"),
-            ArgSpec("offset", _example_offset, True, "the learned offset, a scalar"),
+            ArgSpec("step", _example_step, True, "the learned step, a positive scalar (or (C,) with axis)"),
+            ArgSpec("offset", _example_offset, True, "the learned offset, a scalar (or (C,) with axis)"),
         ),
         forward_math=(
             r"v = (x - \beta) s^{-1},\ "

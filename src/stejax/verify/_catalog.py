@@ -188,6 +188,11 @@ def _entry(name_or_entry: str | Entry) -> Entry:
 
 def _setup(entry: Entry, params: Mapping[str, Any], seed: int):
     """The subject, layout and boundaries of one parameter set."""
+    if entry.example_shape is not None:
+        item_shape = tuple(int(n) for n in entry.example_shape(**params))
+    else:
+        item_shape = (4,) * entry.input_rank
+    item_shape, params = per_example_axis(item_shape, params)
     bound = dict(params)
     if entry.random:
         bound["key"] = jax.random.key(seed)
@@ -201,16 +206,30 @@ def _setup(entry: Entry, params: Mapping[str, Any], seed: int):
             return entry.tangent(*args, tangents=tuple(tangents), **bound)
 
     subject = make_subject(fn, reference, derivative, tangent_map, tuple(entry.diff_argnums))
-    if entry.example_shape is not None:
-        item_shape = tuple(int(n) for n in entry.example_shape(**params))
-    else:
-        item_shape = (4,) * entry.input_rank
 
     def make_rest(x_shape, dtype, rng):
         return tuple(cast_floating(a, dtype) for a in entry.example_args(rng, x_shape, dtype, params))
 
     boundaries = tuple(float(b) for b in entry.boundaries(**params))
     return subject, Layout(item_shape=item_shape, make_rest=make_rest), boundaries
+
+
+def per_example_axis(item_shape: tuple[int, ...], params: Mapping[str, Any]):
+    """The example shape and parameters for a per-channel ``axis``, counted in one example.
+
+    The checks lay the first argument out as ``(rows, *item_shape)`` and map the
+    compositions (vmap, scan) over the rows, so a channel axis must be an axis of
+    one example, never the rows: ``axis=k >= 0`` is axis ``k`` of an example of
+    rank at least ``k + 1``, called as the equivalent negative axis (the same
+    axis of the batched input and of each row); ``axis=-k`` needs rank ``k``.
+    Other parameter sets are returned unchanged.
+    """
+    axis = params.get("axis")
+    if isinstance(axis, bool) or not isinstance(axis, int | np.integer):
+        return item_shape, params
+    rank = max(len(item_shape), int(axis) + 1 if axis >= 0 else -int(axis))
+    item_shape = tuple(item_shape) + (4,) * (rank - len(item_shape))
+    return item_shape, {**params, "axis": int(axis) - rank if axis >= 0 else int(axis)}
 
 
 def _invalid_inputs(entry: Entry, layout: Layout, seed: int):

@@ -57,15 +57,19 @@ class Report:
       checks: the checks, in the order they ran.
       environment: platform, device kind, jax and jaxlib versions, the x64
         flag, the dtypes and the tolerances used per dtype, the seed.
+      notes: what the checks cannot prove, in words (a reference that is the
+        function itself); shown in the summary and the Markdown.
     """
 
     subject: str
     checks: tuple[Check, ...]
     environment: Mapping[str, Any]
+    notes: tuple[str, ...] = ()
 
     def __post_init__(self):
         object.__setattr__(self, "checks", tuple(self.checks))
         object.__setattr__(self, "environment", _frozen(self.environment))
+        object.__setattr__(self, "notes", tuple(self.notes))
 
     @property
     def ok(self) -> bool:
@@ -88,16 +92,18 @@ class Report:
 
     def summary(self) -> str:
         """One line: the subject, passed or failed, and the failing checks."""
+        notes = "".join(f"; note: {n}" for n in self.notes)
         if self.ok:
-            return f"{self.subject}: all {len(self.checks)} checks passed"
+            return f"{self.subject}: all {len(self.checks)} checks passed{notes}"
         names = ", ".join(c.name for c in self.failures)
-        return f"{self.subject}: {len(self.failures)} of {len(self.checks)} checks failed ({names})"
+        return f"{self.subject}: {len(self.failures)} of {len(self.checks)} checks failed ({names}){notes}"
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "subject": self.subject,
             "ok": self.ok,
             "checks": [c.to_dict() for c in self.checks],
+            "notes": list(self.notes),
             "environment": _thawed(self.environment),
         }
 
@@ -106,6 +112,7 @@ class Report:
 
     def to_markdown(self) -> str:
         lines = [f"# stejax verify: {self.subject}", "", _verdict(self.ok, self.summary()), ""]
+        lines += [f"**Note**: {n}." for n in self.notes] + ([""] if self.notes else [])
         lines += _checks_table(self.checks)
         lines += ["", *_environment_section(self.environment)]
         return "\n".join(lines) + "\n"

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterable, Sequence
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -39,6 +40,9 @@ def check_surrogate(
     diff_argnums: Sequence[int] | None = None,
     composition_dtypes: str | Iterable[Any] = "all",
     seed: int = 0,
+    key: Any = None,
+    params: Mapping[str, Any] | None = None,
+    name: str | None = None,
 ) -> Report:
     r"""Check that ``fn`` computes ``reference`` exactly and differentiates as ``derivative`` declares.
 
@@ -106,16 +110,29 @@ def check_surrogate(
         transformations, which does not depend on the dtype, and cost most
         of the compilation.
       seed: seeds every generated input, tangent and cotangent.
+      key: a PRNG key for a random ``fn`` (one made with
+        ``stejax.surrogate(..., random=True)`` requires it). It is passed as
+        ``key=`` to ``fn``, ``reference``, ``derivative`` and ``tangent_map``,
+        the same key in every check, so that the draws agree.
+      params: static keyword arguments (``{"bits": 4}``), passed to ``fn``,
+        ``reference``, ``derivative`` and ``tangent_map`` alike.
+      name: the report's subject; default the function's name (a lambda's
+        ``<lambda>`` when it has no better one).
 
     Returns:
-      A :class:`Report`: ``.ok``, ``.checks``, ``.environment`` and
-      ``to_dict()``, ``to_json()``, ``to_markdown()``.
+      A :class:`Report`: ``.ok``, ``.checks``, ``.environment``, ``.notes``
+      and ``to_dict()``, ``to_json()``, ``to_markdown()``. When ``reference``
+      is ``fn`` itself, the value checks compare ``fn`` with itself and prove
+      nothing about its forward: the report says so in ``notes`` and its
+      summary (the checks still run, and the derivative checks still count).
 
     Raises:
       TypeError: ``fn``, ``reference``, ``derivative`` or ``tangent_map`` is
-        not callable, or ``invalid`` is malformed.
+        not callable, ``invalid`` is malformed, ``params`` is not a mapping of
+        keywords, or a random ``fn`` without ``key``.
       ValueError: neither or both of ``derivative`` and ``tangent_map``; a
-        dtype that is not floating, or float64 without x64.
+        dtype that is not floating, or float64 without x64; a boundary that is
+        not finite.
 
     Example:
       >>> import jax, jax.numpy as jnp
@@ -140,6 +157,10 @@ def check_surrogate(
             f"derivative={derivative!r}, tangent_map={tangent_map!r}."
         )
     _require_callable(derivative=derivative, tangent_map=tangent_map)
+    subject_title = _subject_title(fn, name)
+    notes = _notes(fn, reference)
+    diff_argnums = _declared_diff_argnums(fn, diff_argnums)
+    fn, reference, derivative, tangent_map = _bind(fn, reference, derivative, tangent_map, key, params)
     dtypes = resolve_dtypes(dtypes)
     boundaries = _floats(boundaries)
     invalid = _invalid_pairs(invalid)
@@ -166,8 +187,10 @@ def check_surrogate(
         diff_argnums=list(diff),
         composition_dtypes=[d.name for d in composed],
         declaration="derivative" if derivative is not None else "tangent_map",
+        params={k: repr(v) for k, v in (params or {}).items()},
+        key=None if key is None else "given",
     )
-    return Report(subject=subject_name(fn), checks=tuple(checks), environment=env)
+    return Report(subject=subject_title, checks=tuple(checks), environment=env, notes=notes)
 
 
 def make_subject(fn, reference, derivative, tangent_map, diff: tuple[int, ...]) -> Subject:
@@ -221,9 +244,76 @@ def resolve_composition_dtypes(choice: str | Iterable[Any], dtypes: tuple[np.dty
 
 
 def subject_name(fn: Any) -> str:
+    """The function's name: its qualified name, or its plain name where that says ``<locals>``."""
     while isinstance(fn, functools.partial):
         fn = fn.func
-    return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or type(fn).__name__
+    qualname = getattr(fn, "__qualname__", None)
+    if qualname and "<locals>" not in qualname:
+        return qualname
+    return getattr(fn, "__name__", None) or qualname or type(fn).__name__
+
+
+def _subject_title(fn: Any, name: str | None) -> str:
+    if name is None:
+        return subject_name(fn)
+    if not isinstance(name, str) or not name.strip():
+        raise TypeError(f"check_surrogate: `name` must be a non-empty string; got {name!r}.")
+    return name
+
+
+def _innermost(fn: Any) -> Any:
+    """``fn`` without functools.partial and ``__wrapped__`` layers (jax.jit keeps the wrapped function there)."""
+    seen = set()
+    while id(fn) not in seen:
+        seen.add(id(fn))
+        if isinstance(fn, functools.partial):
+            fn = fn.func
+        elif getattr(fn, "__wrapped__", None) is not None:
+            fn = fn.__wrapped__
+    return fn
+
+
+REFERENCE_IS_FN = (
+    "the reference is the function under test itself, so forward_bitwise, jvp_primal and the value "
+    "comparisons of the compositions compare it with itself and prove nothing about its forward; pass an "
+    "independent reference (jnp.round, a NumPy formula, the estimator's `forward`)"
+)
+
+
+def _notes(fn: Any, reference: Any) -> tuple[str, ...]:
+    return (REFERENCE_IS_FN,) if _innermost(reference) is _innermost(fn) else ()
+
+
+def _declared_diff_argnums(fn: Any, diff_argnums: Sequence[int] | None) -> Sequence[int] | None:
+    """``diff_argnums``, or the estimator's own (read before ``fn`` is wrapped by :func:`_bind`)."""
+    if diff_argnums is None and getattr(fn, "diff_argnums", None) is not None:
+        return tuple(fn.diff_argnums)
+    return diff_argnums
+
+
+def _bind(fn, reference, derivative, tangent_map, key, params):
+    """The four functions with the static ``params`` and the ``key`` bound as keywords."""
+    if params is None:
+        params = {}
+    if not isinstance(params, Mapping) or not all(isinstance(k, str) for k in params):
+        raise TypeError(f"check_surrogate: `params` must be a mapping of keyword names to values; got {params!r}.")
+    if "key" in params:
+        raise TypeError("check_surrogate: pass the PRNG key as `key=`, not inside `params`.")
+    if key is None and getattr(fn, "random", False):
+        raise TypeError(
+            f"check_surrogate: {subject_name(fn)} is random (made with random=True) and needs a PRNG key: pass "
+            "key=jax.random.key(0); the same key is given to fn, reference and the declared rule."
+        )
+    bound = dict(params)
+    if key is not None:
+        bound["key"] = key
+    if not bound:
+        return fn, reference, derivative, tangent_map
+
+    def with_bound(f):
+        return None if f is None else functools.partial(f, **bound)
+
+    return with_bound(fn), with_bound(reference), with_bound(derivative), with_bound(tangent_map)
 
 
 def _require_callable(**named: Any) -> None:
@@ -234,9 +324,17 @@ def _require_callable(**named: Any) -> None:
 
 def _floats(values: Iterable[float]) -> tuple[float, ...]:
     try:
-        return tuple(float(v) for v in values)
+        floats = tuple(float(v) for v in values)
     except (TypeError, ValueError):
         raise TypeError(f"check_surrogate: `boundaries` must be numbers; got {values!r}.") from None
+    bad = [(i, v) for i, v in enumerate(floats) if not math.isfinite(v)]
+    if bad:
+        i, v = bad[0]
+        raise ValueError(
+            f"check_surrogate: `boundaries` must be finite numbers (the kinks and ties of the first argument); "
+            f"got {v!r} at position {i}."
+        )
+    return floats
 
 
 def _invalid_pairs(invalid: Iterable[Invalid]) -> tuple[Invalid, ...]:
