@@ -75,3 +75,31 @@ def test_verify_usage_errors(user_dir):
     assert _invoke("user_estimators:my_round").exit_code == 2
     unknown = _invoke("round_sté")
     assert unknown.exit_code == 2 and "round_ste" in unknown.output
+
+
+def test_verify_prints_one_table_per_dtype(tmp_path):
+    result = _invoke("floor_ste", "--out", str(tmp_path))
+    assert result.exit_code == 0, result.output
+    for dtype in ("float16", "bfloat16", "float32"):
+        assert f"floor_ste, {dtype}: " in result.output
+        # The check names keep their dtype (rich markup would have eaten "[float16]").
+        assert f"tangent[{dtype}]" in result.output
+
+
+def test_verify_a_user_estimator_from_a_file(user_dir):
+    args = ["--reference", "./user_estimators.py:reference", "--derivative", "./user_estimators.py:derivative"]
+    ok = _invoke("./user_estimators.py:my_round", *args, "--boundary", "0.5")
+    assert ok.exit_code == 0, ok.output
+    missing = _invoke("./nothere.py:f", *args)
+    assert missing.exit_code == 2 and "nothere.py: does not exist" in missing.output
+
+
+@pytest.mark.parametrize(
+    "extra", [["--reference", "m:f"], ["--derivative", "m:f"], ["--boundary", "0.5"], ["--reference", "m:f", "--all"]]
+)
+def test_user_estimator_options_with_a_catalog_name_are_an_error(extra, tmp_path):
+    args = ["--out", str(tmp_path), *extra] if "--all" in extra else ["round_ste", "--out", str(tmp_path), *extra]
+    result = _invoke(*args)
+    assert result.exit_code == 2, result.output
+    assert "apply to a user's estimator (MODULE:FUNC) only" in result.output
+    assert not (tmp_path / "verify-report.json").exists()

@@ -90,7 +90,10 @@ def verify_command(
 
     `stejax verify --all` checks the whole catalog; `stejax verify NAME` one
     member; `stejax verify MODULE:FUNC --reference MODULE:FUNC --derivative
-    MODULE:FUNC [--boundary B ...]` a user's estimator.
+    MODULE:FUNC [--boundary B ...]` a user's estimator, where MODULE is a module
+    name or a Python file (`./mymod.py:f`). --reference, --derivative and
+    --boundary are for a user's estimator only: a catalog member's come from
+    the catalog. One table per dtype.
     """
     import os
 
@@ -99,6 +102,17 @@ def verify_command(
     console = Console()
     if verify_all == (target is not None):
         raise click.UsageError("give exactly one of --all or a NAME / MODULE:FUNC.")
+    user_options = [
+        name
+        for name, value in (("--reference", reference), ("--derivative", derivative), ("--boundary", boundaries))
+        if value
+    ]
+    if user_options and (verify_all or ":" not in target):
+        what = "--all" if verify_all else f"the catalog estimator {target!r}"
+        raise click.UsageError(
+            f"{', '.join(user_options)} apply to a user's estimator (MODULE:FUNC) only; {what} is checked against "
+            "the catalog's own forward, derivative and boundaries. Drop them, or verify a MODULE:FUNC."
+        )
     if verify_all:
         report = verify.check_catalog()
     elif ":" in target:
@@ -106,28 +120,46 @@ def verify_command(
             raise click.UsageError("a user estimator needs --reference MODULE:FUNC and --derivative MODULE:FUNC.")
         try:
             fn, ref, der = (verify.load_callable(spec, path=os.getcwd()) for spec in (target, reference, derivative))
-        except (ValueError, ImportError, AttributeError, TypeError) as error:
+        except (ValueError, ImportError, AttributeError, TypeError, OSError) as error:
             raise click.BadParameter(str(error)) from None
         report = verify.check_surrogate(fn, reference=ref, derivative=der, boundaries=boundaries)
     else:
         report = verify.check_estimator(lookup(target))
     reports = report.values() if isinstance(report, verify.CatalogReport) else (report,)
     for one in reports:
-        table = Table(title=f"{one.subject}: {'ok' if one.ok else 'FAILED'}")
-        table.add_column("check")
-        table.add_column("passed")
-        table.add_column("detail", overflow="fold")
-        for check in one.checks:
-            if verify_all and check.passed:
-                continue
-            table.add_row(check.name, "yes" if check.passed else "[red]no[/red]", check.detail)
         if not verify_all or not one.ok:
-            console.print(table)
+            for table in _check_tables(one, failures_only=verify_all):
+                console.print(table)
     json_path, md_path = verify.write_report(report, out)
     console.print(report.summary())
     console.print(f"wrote {json_path} and {md_path}")
     if not report.ok:
         raise SystemExit(1)
+
+
+def _check_tables(report: Any, *, failures_only: bool) -> list[Table]:
+    """One table per dtype (and one for the checks tied to none), the names printed as they are."""
+    groups: dict[str | None, list[Any]] = {}
+    for check in report.checks:
+        if failures_only and check.passed:
+            continue
+        groups.setdefault(check.dtype, []).append(check)
+    tables = []
+    for dtype, checks in groups.items():
+        ok = all(c.passed for c in checks)
+        where = dtype if dtype is not None else "checks tied to no dtype"
+        passed = sum(c.passed for c in checks)
+        # Text, not markup: a check's name holds brackets ("tangent[float16]") that rich would eat.
+        table = Table(
+            title=Text(f"{report.subject}, {where}: {passed} of {len(checks)} passed{'' if ok else ', FAILED'}")
+        )
+        table.add_column("check")
+        table.add_column("passed")
+        table.add_column("detail", overflow="fold")
+        for c in checks:
+            table.add_row(Text(c.name), Text("yes") if c.passed else Text("no", style="red"), Text(c.detail))
+        tables.append(table)
+    return tables
 
 
 def lookup(name: str) -> Entry:
