@@ -9,6 +9,8 @@ import click
 from rich.console import Console
 from rich.progress import Progress
 
+from stejax._files import InputFileError
+
 T = TypeVar("T")
 
 
@@ -47,7 +49,12 @@ class InputError(click.ClickException):
 # The library's refusals of a user's input that every command reports as one line (exit 2):
 # missing, unreadable or malformed files. Errors of the library itself are not here: they keep
 # their traceback, because they are bugs to report.
-INPUT_ERRORS: tuple[type[BaseException], ...] = (FileNotFoundError, IsADirectoryError, NotADirectoryError)
+INPUT_ERRORS: tuple[type[BaseException], ...] = (
+    FileNotFoundError,
+    IsADirectoryError,
+    NotADirectoryError,
+    InputFileError,
+)
 
 
 class StejaxGroup(click.Group):

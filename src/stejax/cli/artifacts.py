@@ -19,8 +19,12 @@ __all__ = ["artifact_group", "export_command", "regress_group"]
 
 def _artifact_errors(run):
     """Run a library call; its refusals (bad artifact, failed gate, existing target) become clean CLI errors."""
+    from stejax.cli._common import INPUT_ERRORS
+
     try:
         return run()
+    except INPUT_ERRORS:  # an unreadable input file: the root group's one line, exit code 2
+        raise
     except (ValueError, FileExistsError, FileNotFoundError) as error:
         raise click.ClickException(f"{type(error).__name__}: {error}") from None
 

@@ -147,6 +147,7 @@ def diagnose_command(run_dir: Path | None, factory: str | None, examples: int, o
     """
     import os
 
+    from stejax.cli._common import INPUT_ERRORS
     from stejax.diagnose import diagnose, load_pipeline, pipeline_from_run
 
     if (run_dir is None) == (factory is None):
@@ -157,6 +158,8 @@ def diagnose_command(run_dir: Path | None, factory: str | None, examples: int, o
         else:
             assert factory is not None  # exactly one of the two, checked above
             pipeline = load_pipeline(factory, path=os.getcwd())
+    except INPUT_ERRORS:  # an unreadable file of the run: the root group's one line, exit code 2
+        raise
     except (ValueError, ImportError, AttributeError, TypeError, FileNotFoundError) as error:
         hint = "--run" if run_dir is not None else "--pipeline"
         raise click.BadParameter(str(error), param_hint=hint) from None

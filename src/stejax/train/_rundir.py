@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from stejax._files import InputFileError, read_json, read_json_lines, read_safetensors
 from stejax.data import Normalizer, Splits
 from stejax.model import ConvConfig, MLPConfig, ModelConfig, QATConfig, check_params, param_spec
 from stejax.train._config import TrainConfig
@@ -103,13 +104,13 @@ def load_params(path: str | os.PathLike, model_config: ModelConfig, qat_config: 
     """Read :func:`save_params`'s file back into the model's parameter PyTree.
 
     Raises:
+      FileNotFoundError: no such file.
+      InputFileError: not a safetensors file (truncated, a pickle), named.
       ValueError: a leaf is missing, extra or of the wrong shape for this model
         (the message names the path).
       TypeError: a leaf of the wrong dtype.
     """
-    from safetensors.numpy import load_file
-
-    tensors = load_file(str(path))
+    tensors = read_safetensors(path, what="a run's parameters (params.safetensors)")
     spec = param_spec(model_config, qat_config)
     extra = sorted(set(tensors) - set(spec))
     if extra:
@@ -176,25 +177,46 @@ def load_run(run_dir: str | os.PathLike) -> Run:
     """Read a run directory written by :func:`save_run` (or ``stejax train``).
 
     Raises:
-      FileNotFoundError: a file is missing.
+      FileNotFoundError: a file is missing (the message names it).
+      InputFileError: a file that is not what it should be (broken JSON, a
+        truncated or pickled params.safetensors), or an artifact directory
+        given for a run directory; the message names the file.
       ValueError: an unknown format or an invalid file.
     """
     root = Path(run_dir)
-    config = json.loads((root / CONFIG_FILE).read_text(encoding="utf-8"))
-    if config.get("format") != FORMAT:
-        raise ValueError(f"load_run: {root / CONFIG_FILE} has format {config.get('format')!r}; expected {FORMAT!r}.")
-    train_config = TrainConfig.from_dict(config["train_config"])
-    model_config = _model_from_dict(config["model_config"])
+    if not root.is_dir():
+        raise InputFileError(f"{root}: not a directory; expected a run directory (stejax train --out DIR).")
+    if not (root / CONFIG_FILE).exists() and (root / "manifest.json").exists():
+        raise InputFileError(
+            f"{root}: an artifact directory (it holds manifest.json), not a run directory; expected the directory "
+            "`stejax train --out` writes (config.json, params.safetensors, normalizer.json). Artifacts are read by "
+            "`stejax artifact verify`, `stejax regress` and `stejax serve --artifact`."
+        )
+    config = read_json(root / CONFIG_FILE, what="a run's config.json (stejax train --out DIR writes it)")
+    if not isinstance(config, dict) or config.get("format") != FORMAT:
+        got = config.get("format") if isinstance(config, dict) else type(config).__name__
+        raise InputFileError(f"{root / CONFIG_FILE}: format {got!r}; expected {FORMAT!r}.")
+    try:
+        train_config = TrainConfig.from_dict(config["train_config"])
+        model_config = _model_from_dict(config["model_config"])
+    except (KeyError, TypeError, ValueError) as e:
+        why = f"{type(e).__name__}: {e}"
+        raise InputFileError(f"{root / CONFIG_FILE}: not a valid run configuration ({why}).") from None
     qat_config = train_config.qat_config()
-    lines = (root / METRICS_FILE).read_text(encoding="utf-8").splitlines()
+    normalizer_file = root / NORMALIZER_FILE
+    normalizer_data = read_json(normalizer_file, what="the run's normalizer (the training split's mean and std)")
+    try:
+        normalizer = Normalizer.from_dict(normalizer_data)
+    except (KeyError, TypeError, ValueError) as e:
+        raise InputFileError(f"{normalizer_file}: not a normalizer ({type(e).__name__}: {e}).") from None
     return Run(
         config=train_config,
         model_config=model_config,
         qat_config=qat_config,
         params=load_params(root / PARAMS_FILE, model_config, qat_config),
-        normalizer=Normalizer.from_dict(json.loads((root / NORMALIZER_FILE).read_text(encoding="utf-8"))),
-        metrics=tuple(json.loads(line) for line in lines if line.strip()),
-        report=json.loads((root / REPORT_FILE).read_text(encoding="utf-8")),
+        normalizer=normalizer,
+        metrics=tuple(read_json_lines(root / METRICS_FILE, what="the run's per-epoch metrics")),
+        report=read_json(root / REPORT_FILE, what="the run's report.json"),
         data=config.get("data", {}),
     )
 
