@@ -113,6 +113,15 @@ def test_verify_refuses_with_the_artifact_the_file_and_the_reason(tmp_path, keys
     assert (e.value.reason, e.value.file, e.value.artifact) == (reason, file, root)
 
 
+@pytest.mark.parametrize("content", [b"not json", b"{}", b'{"mediaType": "x"}'])
+def test_verify_refuses_a_signature_file_that_is_not_a_bundle(tmp_path, keys, content):
+    root = signed_copy(tmp_path / "a", keys["ours"][0])
+    (root / "model.sig").write_bytes(content)
+    with pytest.raises(SignatureError, match=rf"^{root}: model\.sig: not a model-signing bundle") as e:
+        verify_signature(root, [keys["ours"][1]])
+    assert e.value.reason == "malformed"
+
+
 def test_verify_names_an_untrusted_signer_by_its_fingerprint(tmp_path, keys):
     root = signed_copy(tmp_path / "a", keys["theirs"][0])
     theirs = public_key(keys["theirs"][1])

@@ -425,8 +425,8 @@ class Registry:
         if target.exists():
             if tree_digest(target) != digest:
                 raise RegistryError(
-                    f"{target}: the stored artifact {artifact_id[:12]} differs from {source} (its regression set, "
-                    "probably); nothing is overwritten."
+                    f"{target}: the stored artifact {artifact_id[:12]} differs from {source} (its regression set or "
+                    "its signature, probably); nothing is overwritten."
                 )
             return target
         store = self.root / ARTIFACTS
