@@ -31,7 +31,20 @@ def vq_group() -> None:
     metavar="NAME,...",
     help="Only these configurations, comma-separated (default: all nine).",
 )
-def compare_command(out: Path, quick: bool, seeds: int | None, epochs: int | None, configs: str | None) -> None:
+@click.option(
+    "--codebook-init-scale",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="The standard deviation of the initial codes (default 0.1).",
+)
+def compare_command(
+    out: Path,
+    quick: bool,
+    seeds: int | None,
+    epochs: int | None,
+    configs: str | None,
+    codebook_init_scale: float | None,
+) -> None:
     """Train the digits autoencoders of every configuration and write the report.
 
     VQ with the straight-through estimator and with the rotation trick (each with
@@ -50,6 +63,8 @@ def compare_command(out: Path, quick: bool, seeds: int | None, epochs: int | Non
         settings = dataclasses.replace(settings, seeds=tuple(range(seeds)))
     if epochs is not None:
         settings = dataclasses.replace(settings, epochs=epochs)
+    if codebook_init_scale is not None:
+        settings = dataclasses.replace(settings, codebook_init_scale=codebook_init_scale)
     chosen = CONFIGURATIONS
     if configs is not None:
         by_name = {c.name: c for c in CONFIGURATIONS}

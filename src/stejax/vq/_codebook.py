@@ -118,6 +118,7 @@ class Codebook:
       decay: :math:`\gamma` of the EMA statistics (default 0.99).
       eps: :math:`\epsilon` of the Laplace smoothing (default 1e-5).
       dead_code_threshold: replace codes whose :math:`N_k` falls below it (0: never).
+      init_scale: the standard deviation of the initial codes (default 1.0).
 
     Example:
       >>> import jax, jax.numpy as jnp
@@ -148,6 +149,7 @@ class Codebook:
     decay: float = 0.99
     eps: float = 1e-5
     dead_code_threshold: float = 0.0
+    init_scale: float = 1.0
 
     def __post_init__(self):
         _check_positive_int("codebook_size", self.codebook_size)
@@ -171,6 +173,8 @@ class Codebook:
             )
         if not (isinstance(self.decay, int | float) and 0 <= self.decay < 1):
             raise ValueError(f"Codebook: `decay` must be a float in [0, 1); got {self.decay!r}.")
+        if not (isinstance(self.init_scale, int | float) and self.init_scale > 0):
+            raise ValueError(f"Codebook: `init_scale` must be a positive float; got {self.init_scale!r}.")
         if not (isinstance(self.eps, int | float) and self.eps > 0):
             raise ValueError(f"Codebook: `eps` must be a positive float; got {self.eps!r}.")
         if not (isinstance(self.dead_code_threshold, int | float) and self.dead_code_threshold >= 0):
@@ -196,7 +200,7 @@ class Codebook:
     def init(self, *, key: jax.Array, dtype=jnp.float32) -> tuple[dict[str, Any], CodebookState]:
         r"""Fresh parameters and statistics.
 
-        Codes :math:`c_{kd} \sim \mathcal{N}(0, 1)` (unit vectors for cosine);
+        Codes :math:`c_{kd} \sim \mathcal{N}(0, \sigma^2)`, :math:`\sigma` = ``init_scale`` (unit vectors for cosine);
         projections (when there are) :math:`W \sim \mathcal{N}(0, 1/\text{fan\_in})`, zero
         bias. Statistics as vector-quantize-pytorch starts them: :math:`N_k = 1`,
         :math:`m_k = c_k`.
@@ -207,7 +211,7 @@ class Codebook:
         """
         k_codes, k_in, k_out = keys.split(key, 3, where="Codebook.init: codes, project_in, project_out")
         shape = (self.codebook_size, self.codebook_dim)
-        codes = jax.random.normal(keys.consume(k_codes, where="Codebook.init codes"), shape, dtype)
+        codes = jax.random.normal(keys.consume(k_codes, where="Codebook.init codes"), shape, dtype) * self.init_scale
         if self.distance == "cosine":
             codes = l2_normalize(codes)
         params: dict[str, Any] = {"codes": codes}

@@ -93,6 +93,7 @@ class CompareSettings:
     tokens: int = 4
     codebook_size: int = 64
     code_dim: int = 8
+    codebook_init_scale: float = 0.1
     fsq_levels: tuple[int, ...] = (4, 4, 4)
     learning_rate: float = 2e-3
     commitment_weight: float = 0.25
@@ -195,6 +196,7 @@ def _model(config: AutoencoderConfig, s: CompareSettings) -> _Model:
             update="ema" if config.codebook in ("ema", "kmeans_dead_code") else "gradient",
             decay=s.decay,
             dead_code_threshold=s.dead_code_threshold if config.codebook == "kmeans_dead_code" else 0.0,
+            init_scale=s.codebook_init_scale,
         )
     return _Model(config, s, codebook, FSQ(s.fsq_levels) if config.quantizer == "fsq" else None)
 
@@ -273,7 +275,9 @@ def _run_one(m: _Model, key, x_train, x_test):
     import optax
 
     s = m.settings
-    optimizer = optax.adam(s.learning_rate)
+    adam = optax.adam(s.learning_rate)
+    # optax mixes Python floats with int32 step counts (decay**count), which strict promotion refuses.
+    optimizer = optax.GradientTransformation(_standard_promotion(adam.init), _standard_promotion(adam.update))
     k_init, k_kmeans, k_run = keys.split(key, 3, where="vq compare: seed -> init, kmeans, run")
     params, cb_state = _init(m, k_init)
     n = x_train.shape[0]
@@ -340,6 +344,14 @@ def _run_one(m: _Model, key, x_train, x_test):
         "reconstructions": recon[: s.n_pictures],
         "history": history,
     }
+
+
+def _standard_promotion(fn):
+    def wrapped(*args, **kwargs):
+        with jax.numpy_dtype_promotion("standard"):
+            return fn(*args, **kwargs)
+
+    return wrapped
 
 
 def _train_config(config: AutoencoderConfig, settings: CompareSettings, x_train, x_test) -> dict[str, np.ndarray]:
@@ -492,7 +504,7 @@ def compare(
     say("references: " + ", ".join(f"{k} {v['test_mse_mean']:.5f}" for k, v in refs.items()))
 
     summary, per_seed, pictures = {}, {}, {"originals": x_test[0, : settings.n_pictures], "reconstructions": {}}
-    histories, histograms = {}, {}
+    histories, histograms, timings = {}, {}, {}
     for config in configurations:
         t0 = time.perf_counter()
         r = _train_config(config, settings, x_train, x_test)
@@ -529,8 +541,8 @@ def compare(
             "usage_mean": float(np.mean([row["usage"] for row in rows])),
             "perplexity_mean": float(np.mean([row["perplexity"] for row in rows])),
             "quantization_error_mean": float(np.mean([row["quantization_error"] for row in rows])),
-            "seconds": seconds,
         }
+        timings[config.name] = seconds
         per_seed[config.name] = rows
         pictures["reconstructions"][config.name] = r["reconstructions"][0]
         histories[config.name] = r["history"]["usage"].mean(0)
@@ -548,6 +560,6 @@ def compare(
         "per_seed": per_seed,
         "targets": _targets(summary, per_seed, refs),
         "settings": settings_dict,
-        "environment": _environment(settings),
+        "environment": {**_environment(settings), "seconds_per_configuration": timings},
         "pictures": pictures,
     }

@@ -1,0 +1,375 @@
+"""stejax.vq: the codebook's updates against closed forms, its forward and gradient, FSQ, the metrics."""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import stejax
+from stejax.testing import assert_surrogate
+from stejax.vq import (
+    FSQ,
+    FSQ_LEVELS,
+    Codebook,
+    CodebookState,
+    bits_per_sample,
+    code_histogram,
+    dead_codes,
+    entropy_loss,
+    kmeans,
+    perplexity,
+    quantization_error,
+    usage,
+)
+
+CODES = np.array([[0.0, 0.0], [1.0, 1.0], [2.0, 0.0], [0.0, 2.0], [-1.5, 0.5]], np.float32)
+
+
+def _codebook(**kw) -> tuple[Codebook, dict, CodebookState]:
+    cb = Codebook(codebook_size=len(CODES), dim=2, **kw)
+    params, state = cb.init(key=jax.random.key(0))
+    return cb, {**params, "codes": jnp.asarray(CODES)}, state
+
+
+def _nearest_numpy(v: np.ndarray, codes: np.ndarray) -> np.ndarray:
+    d = ((v[..., None, :].astype(np.float64) - codes.astype(np.float64)) ** 2).sum(-1)
+    return np.argmin(d, axis=-1)
+
+
+# ------------------------------------------------------------------------------------------------
+# Forward: the nearest code, exactly; ties to the lowest index
+# ------------------------------------------------------------------------------------------------
+
+
+def test_forward_is_the_nearest_code_exactly():
+    cb, params, _ = _codebook()
+    z = np.asarray(jax.random.normal(jax.random.key(1), (200, 2)) * 2, np.float32)
+    out = jax.jit(cb.quantize)(params, z)
+    want = _nearest_numpy(z, CODES)
+    np.testing.assert_array_equal(np.asarray(out.indices[:, 0]), want)
+    np.testing.assert_array_equal(np.asarray(out.quantized), CODES[want])
+
+
+def test_ties_go_to_the_lowest_index():
+    cb, params, _ = _codebook()
+    # (0.5, 0.5) is equally far from code 0 (0, 0) and code 1 (1, 1); (1, 0) from codes 0, 1 and 2.
+    out = cb.quantize(params, jnp.array([[0.5, 0.5], [1.0, 0.0]]))
+    np.testing.assert_array_equal(np.asarray(out.indices[:, 0]), [0, 0])
+
+
+def test_heads_share_the_codebook_and_index_separately():
+    cb = Codebook(codebook_size=len(CODES), dim=4, heads=2)
+    params, _ = cb.init(key=jax.random.key(0))
+    params = {**params, "codes": jnp.asarray(CODES)}
+    z = jnp.array([[0.9, 1.1, 1.9, 0.2]])
+    out = cb.quantize(params, z)
+    np.testing.assert_array_equal(np.asarray(out.indices), [[1, 2]])
+    np.testing.assert_array_equal(np.asarray(out.quantized), [[1.0, 1.0, 2.0, 0.0]])
+    np.testing.assert_array_equal(np.asarray(cb.decode(params, out.indices)), np.asarray(out.quantized))
+
+
+def test_projection_in_and_out():
+    cb = Codebook(codebook_size=8, dim=6, codebook_dim=2, heads=2)
+    assert cb.has_projection
+    params, _ = cb.init(key=jax.random.key(0))
+    assert params["project_in"]["w"].shape == (6, 4) and params["project_out"]["w"].shape == (4, 6)
+    z = jax.random.normal(jax.random.key(1), (5, 6))
+    out = cb.quantize(params, z)
+    v = np.asarray(z) @ np.asarray(params["project_in"]["w"]) + np.asarray(params["project_in"]["b"])
+    want = _nearest_numpy(v.reshape(5, 2, 2), np.asarray(params["codes"]))
+    np.testing.assert_array_equal(np.asarray(out.indices), want)
+    assert out.quantized.shape == (5, 6)
+    # The projection out is trained through the quantiser: it gets a gradient.
+    g = jax.grad(lambda p: jnp.sum(cb.quantize(p, z).quantized ** 2))(params)
+    assert float(jnp.abs(g["project_in"]["w"]).sum()) > 0 and float(jnp.abs(g["project_out"]["w"]).sum()) > 0
+
+
+def test_cosine_picks_the_largest_cosine_similarity():
+    cb = Codebook(codebook_size=len(CODES), dim=2, distance="cosine")
+    params, _ = cb.init(key=jax.random.key(0))
+    codes = CODES[1:]  # no zero code: cosine similarity is undefined there
+    cb = Codebook(codebook_size=len(codes), dim=2, distance="cosine")
+    params = {"codes": jnp.asarray(codes)}
+    z = np.asarray(jax.random.normal(jax.random.key(2), (100, 2)), np.float32)
+    out = cb.quantize(params, z)
+    unit = codes / np.linalg.norm(codes, axis=1, keepdims=True)
+    cos = (z / np.linalg.norm(z, axis=1, keepdims=True)) @ unit.T
+    np.testing.assert_array_equal(np.asarray(out.indices[:, 0]), np.argmax(cos, axis=1))
+    np.testing.assert_allclose(np.linalg.norm(np.asarray(out.quantized), axis=1), 1.0, rtol=1e-6)
+
+
+# ------------------------------------------------------------------------------------------------
+# Gradient: the declared one, by the verifier
+# ------------------------------------------------------------------------------------------------
+
+
+def _reference_nearest(z, codes):
+    """Nearest code, computed independently (brute force; D = 2, so the sum has one add)."""
+    c = codes.astype(z.dtype)
+    c32 = c.astype(jnp.float32).reshape((1,) * (z.ndim - 1) + c.shape)
+    d = jnp.sum(jnp.square(z.astype(jnp.float32)[..., None, :] - c32), axis=-1)
+    return jnp.take(c, jnp.argmin(d, axis=-1), axis=0)
+
+
+def test_straight_through_codebook_passes_the_verifier():
+    cb, params, _ = _codebook()
+    codes = params["codes"]
+
+    def fn(z):
+        return cb.quantize(params, z).quantized
+
+    assert_surrogate(
+        fn,
+        reference=lambda z: _reference_nearest(z, codes),
+        derivative=jnp.ones_like,
+        args=(np.zeros((8, 2), np.float32),),
+        dtypes=("float32",),
+        diff_argnums=(0,),
+    )
+
+
+def test_rotation_trick_codebook_has_the_rotation_tangent():
+    cb, params, _ = _codebook(estimator=stejax.rotation_trick)
+    codes = params["codes"]
+
+    def fn(z):
+        return cb.quantize(params, z).quantized
+
+    def tangent_map(args, tangents):
+        (z,), (t,) = args, tangents
+        return jax.jvp(lambda u: stejax.rotation_trick(u, codes.astype(u.dtype)), (z,), (t,))[1]
+
+    assert_surrogate(
+        fn,
+        reference=lambda z: _reference_nearest(z, codes),
+        tangent_map=tangent_map,
+        args=(np.ones((8, 2), np.float32),),
+        dtypes=("float32",),
+        diff_argnums=(0,),
+    )
+
+
+def test_a_user_estimator_is_used_for_the_gradient():
+    # forward: the nearest code; gradient: 3 x identity
+    scaled_ste = stejax.surrogate(
+        lambda z, c: stejax.vq_quantize(z, c), lambda z, c: jnp.full_like(z, 3), diff_argnums=(0,)
+    )
+
+    cb, params, _ = _codebook(estimator=scaled_ste)
+    g = jax.grad(lambda z: jnp.sum(cb.quantize(params, z).quantized))(jnp.array([[0.2, 0.9]]))
+    np.testing.assert_allclose(np.asarray(g), [[3.0, 3.0]], rtol=1e-6)
+
+
+def test_losses_train_the_right_parameters():
+    cb, params, _ = _codebook()
+    z = jnp.array([[0.8, 0.9], [1.9, 0.3]])
+    g_codes = jax.grad(lambda p: cb.quantize(p, z).codebook_loss)(params)["codes"]
+    # Only the chosen codes (1 and 2) move, towards the vectors: grad = 2 (c - z) / (n * d).
+    want = np.zeros_like(CODES)
+    want[1] = 2 * (CODES[1] - np.array([0.8, 0.9])) / 4
+    want[2] = 2 * (CODES[2] - np.array([1.9, 0.3])) / 4
+    np.testing.assert_allclose(np.asarray(g_codes), want, rtol=1e-6)
+    assert float(jnp.abs(jax.grad(lambda p: cb.quantize(p, z).commitment_loss)(params)["codes"]).sum()) == 0
+    cb_ema, params_ema, _ = _codebook(update="ema")
+    out = cb_ema.quantize(params_ema, z)
+    assert float(out.codebook_loss) == 0.0
+    g_ema = jax.grad(lambda p: jnp.sum(cb_ema.quantize(p, z).quantized) + cb_ema.loss(cb_ema.quantize(p, z)))(
+        params_ema
+    )
+    assert float(jnp.abs(g_ema["codes"]).sum()) == 0  # EMA codes get no gradient at all
+
+
+# ------------------------------------------------------------------------------------------------
+# Updates: EMA closed form, k-means determinism, dead-code replacement
+# ------------------------------------------------------------------------------------------------
+
+
+def test_ema_update_equals_the_closed_form():
+    decay, eps = 0.8, 1e-5
+    cb, params, state = _codebook(update="ema", decay=decay, eps=eps)
+    state = CodebookState(
+        cluster_size=jnp.array([2.0, 0.5, 1.0, 0.0, 3.0]),
+        embed_sum=jnp.asarray(CODES * np.array([2.0, 0.5, 1.0, 0.0, 3.0])[:, None]),
+    )
+    z = np.array([[0.1, 0.2], [-0.1, 0.0], [1.2, 0.8], [2.5, 0.1]], np.float32)  # codes 0, 0, 1, 2
+    out = cb.quantize(params, z)
+    np.testing.assert_array_equal(np.asarray(out.indices[:, 0]), [0, 0, 1, 2])
+    new_params, new_state = cb.update_state(params, state, out)
+
+    n = np.array([2, 1, 1, 0, 0], np.float64)
+    s = np.zeros((5, 2))
+    s[0] = z[0] + z[1]
+    s[1] = z[2]
+    s[2] = z[3]
+    size = decay * np.array([2.0, 0.5, 1.0, 0.0, 3.0]) + (1 - decay) * n
+    m = decay * CODES * np.array([2.0, 0.5, 1.0, 0.0, 3.0])[:, None] + (1 - decay) * s
+    total = size.sum()
+    smoothed = (size + eps) / (total + 5 * eps) * total
+    np.testing.assert_allclose(np.asarray(new_state.cluster_size), size, rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(new_state.embed_sum), m, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(np.asarray(new_params["codes"]), m / smoothed[:, None], rtol=1e-5, atol=1e-7)
+
+
+def test_gradient_codebook_tracks_sizes_but_keeps_its_codes():
+    cb, params, state = _codebook()
+    out = cb.quantize(params, jnp.array([[0.1, 0.1]]))
+    new_params, new_state = cb.update_state(params, state, out)
+    np.testing.assert_array_equal(np.asarray(new_params["codes"]), CODES)
+    np.testing.assert_allclose(np.asarray(new_state.cluster_size), 0.99 * 1 + 0.01 * np.array([1, 0, 0, 0, 0]))
+
+
+def test_kmeans_init_is_deterministic_for_a_key_and_fits_clusters():
+    cb = Codebook(codebook_size=3, dim=2, update="ema")
+    params, state = cb.init(key=jax.random.key(0))
+    centres = np.array([[0.0, 0.0], [5.0, 5.0], [-5.0, 5.0]], np.float32)
+    x = centres[np.arange(60) % 3] + 0.1 * np.asarray(jax.random.normal(jax.random.key(1), (60, 2)))
+    a = cb.kmeans_init(params, state, x, key=jax.random.key(7))
+    b = cb.kmeans_init(params, state, x, key=jax.random.key(7))
+    for u, v in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+        np.testing.assert_array_equal(np.asarray(u), np.asarray(v))
+    found = np.asarray(a[0]["codes"])
+    order = _nearest_numpy(centres, found)
+    assert sorted(order.tolist()) == [0, 1, 2]
+    np.testing.assert_allclose(found[order], centres, atol=0.1)
+    np.testing.assert_array_equal(np.asarray(a[1].cluster_size), [20.0, 20.0, 20.0])
+    means, counts = kmeans(x, 3, key=jax.random.key(7))
+    np.testing.assert_array_equal(np.asarray(means), found)
+
+
+def test_dead_code_replacement_replaces_exactly_the_codes_below_the_threshold():
+    cb, params, state = _codebook(update="ema", dead_code_threshold=1.0)
+    state = CodebookState(cluster_size=jnp.array([3.0, 0.99, 1.0, 0.0, 5.0]), embed_sum=jnp.asarray(CODES * 2))
+    batch = np.asarray(jax.random.normal(jax.random.key(3), (2, 8, 2)) + 10, np.float32)
+    new_params, new_state, replaced = cb.replace_dead(params, state, batch, key=jax.random.key(4))
+    np.testing.assert_array_equal(np.asarray(replaced), [False, True, False, True, False])
+    codes = np.asarray(new_params["codes"])
+    keep = [0, 2, 4]
+    np.testing.assert_array_equal(codes[keep], CODES[keep])
+    np.testing.assert_array_equal(np.asarray(new_state.cluster_size)[keep], [3.0, 1.0, 5.0])
+    np.testing.assert_array_equal(np.asarray(new_state.embed_sum)[keep], CODES[keep] * 2)
+    rows = batch.reshape(-1, 2)
+    for k in (1, 3):
+        assert any(np.array_equal(codes[k], r) for r in rows), f"code {k} is not a vector of the batch"
+        assert float(new_state.cluster_size[k]) == 1.0
+        np.testing.assert_array_equal(np.asarray(new_state.embed_sum)[k], codes[k] * 1.0)
+    assert not np.array_equal(codes[1], codes[3])  # distinct rows
+
+
+def test_no_replacement_when_every_code_is_alive():
+    cb, params, state = _codebook(dead_code_threshold=0.5)
+    new_params, _, replaced = cb.replace_dead(params, state, np.ones((4, 2), np.float32), key=jax.random.key(0))
+    assert not bool(replaced.any())
+    np.testing.assert_array_equal(np.asarray(new_params["codes"]), CODES)
+
+
+# ------------------------------------------------------------------------------------------------
+# Index round trips, FSQ presets
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("size", sorted(FSQ_LEVELS))
+def test_fsq_round_trip_on_every_preset(size):
+    q = FSQ.from_codebook_size(size)
+    assert q.levels == FSQ_LEVELS[size]
+    assert abs(math.log2(q.codebook_size) - math.log2(size)) < 0.1
+    codes = q(jax.random.normal(jax.random.key(size), (64, q.dim)) * 2)
+    np.testing.assert_array_equal(np.asarray(q.indices_to_codes(q.codes_to_indices(codes))), np.asarray(codes))
+    every = jnp.arange(q.codebook_size)
+    np.testing.assert_array_equal(np.asarray(q.codes_to_indices(q.indices_to_codes(every))), np.asarray(every))
+
+
+def test_fsq_presets_are_the_papers():
+    assert FSQ_LEVELS == {
+        256: (8, 6, 5),
+        1024: (8, 5, 5, 5),
+        4096: (7, 5, 5, 5, 5),
+        16384: (8, 8, 8, 6, 5),
+        65536: (8, 8, 8, 5, 5, 5),
+    }
+    with pytest.raises(ValueError, match=r"presets are for 2\^8, 2\^10, 2\^12, 2\^14, 2\^16; got 1000"):
+        FSQ.from_codebook_size(1000)
+    with pytest.raises(ValueError, match="every level must be an int >= 2"):
+        FSQ((4, 1))
+
+
+def test_fsq_bounded_is_within_half_a_step_of_the_code():
+    q = FSQ((4, 5, 8))
+    z = jax.random.normal(jax.random.key(0), (500, 3)) * 3
+    gap = np.abs(np.asarray(q.bounded(z) - q(z)))
+    half_step = 0.5 / np.array([2, 2, 4])
+    assert (gap <= half_step + 1e-6).all()
+
+
+def test_codebook_round_trip():
+    cb, params, _ = _codebook()
+    out = cb.quantize(params, jax.random.normal(jax.random.key(5), (50, 2)) * 2)
+    np.testing.assert_array_equal(
+        np.asarray(cb.indices_to_codes(params, cb.codes_to_indices(params, out.codes))), np.asarray(out.codes)
+    )
+    every = jnp.arange(len(CODES))
+    np.testing.assert_array_equal(
+        np.asarray(cb.codes_to_indices(params, cb.indices_to_codes(params, every))), np.asarray(every)
+    )
+
+
+# ------------------------------------------------------------------------------------------------
+# Metrics and the entropy term
+# ------------------------------------------------------------------------------------------------
+
+
+def test_metrics_against_numpy():
+    idx = np.asarray(jax.random.randint(jax.random.key(0), (300,), 0, 40))
+    counts = np.bincount(idx, minlength=64)
+    np.testing.assert_array_equal(np.asarray(code_histogram(idx, 64)), counts)
+    assert float(usage(idx, 64)) == pytest.approx((counts > 0).mean())
+    p = counts[counts > 0] / counts.sum()
+    assert float(perplexity(idx, 64)) == pytest.approx(math.exp(-(p * np.log(p)).sum()), rel=1e-5)
+    assert int(dead_codes(idx, 64)) == int((counts == 0).sum())
+    z = np.asarray(jax.random.normal(jax.random.key(1), (4, 3, 5)))
+    q = np.round(z)
+    assert float(quantization_error(z, q)) == pytest.approx(((z - q) ** 2).sum(-1).mean(), rel=1e-5)
+    assert bits_per_sample(64, tokens=4) == 24.0
+    assert float(perplexity(np.zeros(10, np.int32), 8)) == 1.0
+
+
+def test_entropy_loss_closed_form():
+    logits = np.array([[2.0, 0.0, -1.0], [0.0, 1.0, 0.0]])
+    p = np.exp(logits) / np.exp(logits).sum(1, keepdims=True)
+    h = -(p * np.log(p)).sum(1).mean()
+    pm = p.mean(0)
+    want = h - 0.5 * (-(pm * np.log(pm)).sum())
+    assert float(entropy_loss(logits.astype(np.float32), diversity_weight=0.5)) == pytest.approx(want, rel=1e-5)
+
+
+# ------------------------------------------------------------------------------------------------
+# Errors say what, expected and got
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kw", "match"),
+    [
+        ({"distance": "manhattan"}, r"`distance` must be one of \('euclidean', 'cosine'\); got 'manhattan'"),
+        ({"update": "sgd"}, r"`update` must be one of \('gradient', 'ema'\); got 'sgd'"),
+        ({"decay": 1.0}, r"`decay` must be a float in \[0, 1\); got 1.0"),
+        ({"dead_code_threshold": -1}, r"`dead_code_threshold` must be a float >= 0"),
+        ({"heads": 3}, r"`dim` \(2\) must be divisible by `heads` \(3\)"),
+        ({"codebook_size": 0}, r"`codebook_size` must be a positive int; got 0"),
+    ],
+)
+def test_bad_configuration_is_refused(kw, match):
+    args = {"codebook_size": 4, "dim": 2, **kw}
+    with pytest.raises(ValueError, match=match):
+        Codebook(**args)
+
+
+def test_wrong_input_width_is_refused():
+    cb, params, _ = _codebook()
+    with pytest.raises(ValueError, match=r"shape \(\.\.\., dim=2\); got shape \(3, 4\)"):
+        cb.quantize(params, jnp.zeros((3, 4)))
+    with pytest.raises(ValueError, match=r"codebook_size` must be a positive int; got 0"):
+        usage(jnp.zeros(3, jnp.int32), 0)

@@ -1,0 +1,83 @@
+"""stejax vq compare: the report's shape, from a --quick run of three configurations."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from click.testing import CliRunner
+
+from stejax.cli import main
+from stejax.vq import CONFIGURATIONS, CompareSettings
+
+SUMMARY_KEYS = {
+    "quantizer",
+    "codebook",
+    "bits_per_image",
+    "test_mse_mean",
+    "test_mse_std",
+    "usage_mean",
+    "perplexity_mean",
+    "quantization_error_mean",
+}
+CHOSEN = ("vq_ste-kmeans_dead_code", "fsq", "no_gradient")
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("vq")
+    result = CliRunner().invoke(main, ["vq", "compare", "--quick", "--configs", ",".join(CHOSEN), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    return out, result.output
+
+
+def test_report_json_has_the_documented_shape(quick_run):
+    out, _ = quick_run
+    report = json.loads((out / "report.json").read_text())
+    assert set(report) >= {"summary", "references", "per_seed", "environment", "targets", "settings"}
+    assert tuple(report["summary"]) == CHOSEN
+    for name, entry in report["summary"].items():
+        assert set(entry) == SUMMARY_KEYS, name
+        assert entry["bits_per_image"] == 24.0
+        assert 0 <= entry["usage_mean"] <= 1
+        assert 1 <= entry["perplexity_mean"] <= 64
+        for key in ("test_mse_mean", "test_mse_std", "quantization_error_mean"):
+            assert math.isfinite(entry[key]) and entry[key] >= 0, (name, key)
+    assert report["summary"]["vq_ste-kmeans_dead_code"]["quantizer"] == "vq_ste"
+    assert report["summary"]["vq_ste-kmeans_dead_code"]["codebook"] == "kmeans_dead_code"
+    assert (report["summary"]["fsq"]["quantizer"], report["summary"]["fsq"]["codebook"]) == ("fsq", "none")
+    assert report["summary"]["no_gradient"]["quantizer"] == "no_gradient"
+    refs = report["references"]
+    assert set(refs) == {"mean_image", "pca", "kmeans"}
+    # The references are fitted, not copied: PCA with 8 components beats the mean image.
+    assert refs["pca"]["test_mse_mean"] < refs["mean_image"]["test_mse_mean"]
+    assert refs["pca"]["components"] == 8 and refs["kmeans"]["codes"] == 256
+    for name in CHOSEN:
+        rows = report["per_seed"][name]
+        assert [r["seed"] for r in rows] == [0, 1]
+        assert all(len(r["usage_per_epoch"]) == 2 and len(r["dead_codes_per_epoch"]) == 2 for r in rows)
+    assert report["environment"]["seeds"] == [0, 1]
+
+
+def test_markdown_pictures_and_printed_references(quick_run):
+    out, output = quick_run
+    for picture in ("reconstructions.png", "usage.png", "histogram.png"):
+        assert (out / picture).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    text = (out / "report.md").read_text()
+    for name in CHOSEN:
+        assert f"| {name} |" in text
+    assert "references: mean_image" in output and "pca" in output and "kmeans" in output
+
+
+def test_every_configuration_has_24_bits():
+    assert len(CONFIGURATIONS) == 9
+    assert CompareSettings().bits_per_image == 24.0
+    with pytest.raises(ValueError, match=r"prod\(fsq_levels\) must equal codebook_size"):
+        CompareSettings(fsq_levels=(8, 8, 8))
+
+
+def test_unknown_configuration_is_refused():
+    result = CliRunner().invoke(main, ["vq", "compare", "--quick", "--configs", "vq_bogus", "--out", "x"])
+    assert result.exit_code == 2
+    assert "unknown configuration(s) ['vq_bogus']" in result.output
