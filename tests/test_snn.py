@@ -1,0 +1,408 @@
+"""stejax.snn: neurons against a Python loop, gradients through time by hand, the reset switch, the verifier."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from stejax import CATALOG
+from stejax.snn import (
+    SURROGATES,
+    AdaptiveLeaky,
+    Leaky,
+    LeakyIntegrator,
+    NetConfig,
+    RecurrentLeaky,
+    Spike,
+    Synaptic,
+    accuracy_first_spike,
+    accuracy_rate,
+    activity_regularizer,
+    ce_mean_membrane,
+    ce_per_step,
+    ce_spike_count,
+    delta,
+    forward,
+    init_net,
+    latency,
+    mse_count,
+    rate,
+    run,
+    spike_stats,
+)
+from stejax.testing import assert_surrogate
+
+N = 5  # neurons
+B = 3  # batch
+T = 7  # steps
+
+
+def _neurons(spike="fast_sigmoid", reset="subtract", reset_grad=False):
+    key = jax.random.key(1)
+    out = {}
+    lif = Leaky(spike, reset, reset_grad)
+    out["leaky"] = (lif, lif.init_params(N, decay=0.8, threshold=0.7, per_neuron=True))
+    syn = Synaptic(spike, reset, reset_grad)
+    out["synaptic"] = (syn, syn.init_params(N, syn_decay=0.6, decay=0.85, threshold=0.9))
+    rec = RecurrentLeaky(spike, reset, reset_grad)
+    out["recurrent"] = (rec, rec.init_params(N, key=key, decay=0.7, threshold=0.8))
+    alif = AdaptiveLeaky(spike, reset, reset_grad)
+    out["adaptive"] = (alif, alif.init_params(N, decay=0.9, threshold=0.6, adapt_strength=0.5, per_neuron=True))
+    li = LeakyIntegrator()
+    out["integrator"] = (li, li.init_params(N, decay=0.75))
+    return out
+
+
+def _inputs(dtype=np.float32, seed=0):
+    return jnp.asarray(np.random.default_rng(seed).uniform(-0.5, 1.5, (T, B, N)).astype(dtype))
+
+
+# ----------------------------------------------------------------------------- scan == Python loop
+
+
+@pytest.mark.parametrize(
+    ("name", "reset"),
+    [(n, "subtract") for n in ("leaky", "synaptic", "recurrent", "adaptive", "integrator")]
+    + [("leaky", "zero"), ("adaptive", "none")],
+)
+def test_scan_equals_python_loop_bit_for_bit(name, reset):
+    neuron, params = _neurons(reset=reset)[name]
+    xs = _inputs()
+    step = jax.jit(functools.partial(neuron.step, params))
+    state = neuron.init_state((B, N))
+    outs = []
+    for t in range(T):
+        state, out = step(state, xs[t])
+        outs.append(out)
+    loop_final, loop_outs = state, jnp.stack(outs)
+    final, scanned = jax.jit(lambda xs: run(functools.partial(neuron.step, params), neuron.init_state((B, N)), xs))(xs)
+    np.testing.assert_array_equal(np.asarray(scanned), np.asarray(loop_outs))
+    for a, b in zip(jax.tree.leaves(final), jax.tree.leaves(loop_final)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    if name != "integrator":
+        assert 0 < float(loop_outs.mean()) < 1  # some spikes and some silences: the comparison means something
+
+
+def test_outputs_and_gradients_keep_the_input_dtype(dtype):
+    xs = _inputs(dtype)
+
+    def everything(xs):
+        # Every neuron in one program: its outputs, final state and input gradient.
+        out = {}
+        for name, (neuron, params) in _neurons().items():
+
+            def total(xs, neuron=neuron, params=params):
+                final, outs = run(functools.partial(neuron.step, params), neuron.init_state((B, N), dtype), xs)
+                return outs.astype(jnp.float32).sum(), (final, outs)
+
+            out[name] = jax.grad(total, has_aux=True)(xs)
+        return out
+
+    for name, (grads, (final, outs)) in jax.jit(everything)(xs).items():
+        assert outs.dtype == dtype and outs.shape == (T, B, N), name
+        assert all(leaf.dtype == dtype for leaf in jax.tree.leaves(final)), name
+        assert grads.dtype == dtype and bool(jnp.all(jnp.isfinite(grads))), name
+
+
+def test_batch_major_unroll_and_checkpoint_change_nothing():
+    neuron, params = _neurons()["synaptic"]
+    xs = _inputs()
+    step = functools.partial(neuron.step, params)
+    state = neuron.init_state((B, N))
+
+    def loss(xs, **kw):
+        _, out = run(step, state, xs, **kw)
+        return jnp.sum(out * jnp.arange(T, dtype=jnp.float32)[:, None, None])
+
+    base_out = run(step, state, xs)[1]
+    bm_out = run(step, state, jnp.swapaxes(xs, 0, 1), time_axis=1)[1]
+    np.testing.assert_array_equal(np.asarray(jnp.swapaxes(bm_out, 0, 1)), np.asarray(base_out))
+    g = jax.grad(loss)(xs)
+    np.testing.assert_array_equal(np.asarray(run(step, state, xs, unroll=3)[1]), np.asarray(base_out))
+    np.testing.assert_array_equal(np.asarray(run(step, state, xs, checkpoint=True)[1]), np.asarray(base_out))
+    np.testing.assert_allclose(
+        np.asarray(jax.grad(functools.partial(loss, checkpoint=True))(xs)), np.asarray(g), rtol=1e-6
+    )
+    assert float(jnp.abs(g).sum()) > 0
+
+
+def test_truncated_bptt_cuts_the_gradient_at_window_boundaries():
+    neuron, params = _neurons(spike="atan")["leaky"]
+    xs = _inputs()
+    state = neuron.init_state((B, N))
+    window = 3
+
+    def last_output(xs):
+        return run(functools.partial(neuron.step, params), state, xs, truncate=window)[1][T - 1].sum()
+
+    np.testing.assert_array_equal(
+        np.asarray(run(functools.partial(neuron.step, params), state, xs, truncate=window)[1]),
+        np.asarray(run(functools.partial(neuron.step, params), state, xs)[1]),
+    )
+    g = np.asarray(jax.grad(last_output)(xs))
+    start = (T - 1) // window * window  # 6: the last window is [6, 7)
+    assert np.all(g[:start] == 0)
+    assert np.any(g[start:] != 0)
+    full = np.asarray(jax.grad(lambda xs: run(functools.partial(neuron.step, params), state, xs)[1][T - 1].sum())(xs))
+    assert np.any(full[:start] != 0)  # without truncation the gradient reaches further back
+
+
+def test_run_rejects_bad_arguments():
+    neuron, params = _neurons()["leaky"]
+    step = functools.partial(neuron.step, params)
+    state = neuron.init_state((B, N))
+    with pytest.raises(ValueError, match="time_axis must be 0"):
+        run(step, state, _inputs(), time_axis=2)
+    with pytest.raises(ValueError, match="truncate must be None or a positive int"):
+        run(step, state, _inputs(), truncate=0)
+    with pytest.raises(ValueError, match="unroll must be a positive int"):
+        run(step, state, _inputs(), unroll=0)
+    with pytest.raises(ValueError, match="same shape and dtype"):
+        neuron.step(params, state, jnp.zeros((B, N + 1)))
+    with pytest.raises(ValueError, match="one entry per neuron"):
+        neuron.step(neuron.init_params(N + 1, per_neuron=True), state, jnp.zeros((B, N)))
+    with pytest.raises(ValueError, match="reset must be one of"):
+        Leaky(reset="hard")
+    with pytest.raises(ValueError, match="unknown surrogate 'tanh'"):
+        Spike("tanh")
+    with pytest.raises(ValueError, match=r"decay must be a number in \(0, 1\)"):
+        Leaky().init_params(3, decay=1.0)
+
+
+# ----------------------------------------------------------------------------- gradients by hand
+
+
+def _fast_sigmoid_prime(z, k=25.0):
+    return 1.0 / (k * abs(z) + 1.0) ** 2
+
+
+@pytest.mark.parametrize("reset_grad", [False, True])
+def test_gradient_through_time_matches_the_chain_rule_by_hand(reset_grad):
+    """Two steps, two neurons, LIF with reset by subtraction and the fast-sigmoid surrogate (k = 25).
+
+    v1 = x1, s1 = H(v1 - th), u1 = v1 - r1 th (r1 = s1, or s1 without gradient)
+    v2 = beta u1 + x2, s2 = H(v2 - th);  L = sum_i a_i s1_i + b_i s2_i
+    dL/dx2 = b H'(v2 - th)
+    dL/dx1 = a H'(v1 - th) + b H'(v2 - th) beta du1/dv1,  du1/dv1 = 1 (- th H'(v1 - th) with reset_grad)
+    dL/dth = -a H'(v1 - th) + b H'(v2 - th) (beta du1/dth - 1),  du1/dth = -s1 (- th * -H'(v1 - th) with reset_grad)
+    """
+    beta, th = 0.5, 1.0
+    lif = Leaky("fast_sigmoid", "subtract", reset_grad)
+    x = np.array([[1.02, 0.7], [0.6, 0.95]], np.float32)  # (T=2, n=2): neuron 0 spikes at t=0 near threshold
+    a = np.array([0.3, -0.7], np.float32)
+    b = np.array([1.1, 0.4], np.float32)
+    params = lif.init_params(2, decay=beta, threshold=th)
+
+    def loss(x, threshold):
+        p = params._replace(threshold=threshold)
+        _, s = run(functools.partial(lif.step, p), lif.init_state((2,)), x)
+        return jnp.sum(a * s[0]) + jnp.sum(b * s[1])
+
+    gx, gth = jax.grad(loss, argnums=(0, 1))(jnp.asarray(x), jnp.asarray(th, jnp.float32))
+
+    # The same in float64 by hand (beta as the float32 sigmoid of its logit rounds it).
+    beta64 = float(jax.nn.sigmoid(params.decay_logit))
+    x64 = x.astype(np.float64)
+    v1 = x64[0]
+    s1 = (v1 > th).astype(np.float64)
+    d1 = _fast_sigmoid_prime(v1 - th)
+    u1 = v1 - s1 * th
+    v2 = beta64 * u1 + x64[1]
+    d2 = _fast_sigmoid_prime(v2 - th)
+    du1_dv1 = 1 - th * d1 if reset_grad else np.ones(2)
+    du1_dth = -s1 + (th * d1 if reset_grad else 0)
+    want_x = np.stack([a * d1 + b * d2 * beta64 * du1_dv1, b * d2])
+    want_th = np.sum(-a * d1 + b * d2 * (beta64 * du1_dth - 1))
+    np.testing.assert_allclose(np.asarray(gx), want_x, rtol=2e-6, atol=1e-7)
+    np.testing.assert_allclose(float(gth), want_th, rtol=2e-6)
+    assert s1[0] == 1 and d1[0] > 0.1  # the reset happened where the surrogate is large: the switch matters
+
+
+def test_reset_gradient_switch_does_what_it_says():
+    """With reset_grad=False the membrane after a spike has d u / d v = 1; with True, 1 - th H'(v - th)."""
+    th = 1.0
+    x = jnp.array([1.01, 0.3, 2.0], jnp.float32)  # spikes: near threshold, no, far above
+
+    def carried(reset_grad, x):
+        lif = Leaky("triangular", "subtract", reset_grad)  # H'(z) = max(0, 1 - |z|)
+        u, _ = lif.step(lif.init_params(3, threshold=th), lif.init_state((3,)), x)
+        return u
+
+    # u_i depends on x_i only, so the gradient of the sum is the elementwise derivative.
+    detached = jax.grad(lambda x: carried(False, x).sum())(x)
+    attached = jax.grad(lambda x: carried(True, x).sum())(x)
+    h_prime = np.maximum(0, 1 - np.abs(np.asarray(x, np.float64) - th))
+    np.testing.assert_allclose(np.asarray(detached), np.ones(3), rtol=0)
+    np.testing.assert_allclose(np.asarray(attached), 1 - th * h_prime, rtol=1e-6)
+    assert float(attached[0]) < 0.5  # the two really differ at the spike near threshold
+    # Reset to zero: u = v (1 - s); d u / d v = 1 - s without gradient, 1 - s - v H' with it.
+    lif0 = Leaky("triangular", "zero", False)
+    g0 = jax.grad(lambda v: lif0.step(lif0.init_params(1), lif0.init_state((1,)), v)[0].sum())(jnp.array([1.01]))
+    np.testing.assert_allclose(np.asarray(g0), [0.0])
+    lif1 = Leaky("triangular", "zero", True)
+    g1 = jax.grad(lambda v: lif1.step(lif1.init_params(1), lif1.init_state((1,)), v)[0].sum())(jnp.array([1.01]))
+    np.testing.assert_allclose(np.asarray(g1), [-1.01 * 0.99], rtol=1e-5)
+
+
+def test_gradients_stay_finite_far_below_threshold():
+    """snnTorch's sigmoid surrogate overflows to NaN below about -3.5; none of ours may.
+
+    The membrane is driven to -3.6, -100 and about -1e31 (far below, but not past
+    float32's range: a membrane of -inf would make d v / d beta infinite, an
+    overflow of the forward rather than of the surrogate).
+    """
+    xs = jnp.broadcast_to(jnp.array([-3.6, -100.0, -1e30], jnp.float32), (T, 2, 3))
+
+    def grads(xs):
+        out = {}
+        for surrogate in (*SURROGATES, "identity"):
+            lif = Leaky(surrogate)
+
+            def loss(xs, params, lif=lif):
+                return run(functools.partial(lif.step, params), lif.init_state((2, 3)), xs)[1].sum()
+
+            out[surrogate] = jax.grad(loss, argnums=(0, 1))(xs, lif.init_params(3, threshold=1.0))
+        return out
+
+    for surrogate, g in jax.jit(grads)(xs).items():
+        assert all(bool(jnp.all(jnp.isfinite(leaf))) for leaf in jax.tree.leaves(g)), surrogate
+
+
+def test_no_surrogate_passes_no_gradient_and_identity_passes_one():
+    x = jnp.array([-2.0, 0.0, 0.3, 5.0])
+    np.testing.assert_array_equal(np.asarray(jax.grad(lambda x: Spike("no_surrogate")(x).sum())(x)), np.zeros(4))
+    np.testing.assert_array_equal(np.asarray(jax.grad(lambda x: Spike("identity")(x).sum())(x)), np.ones(4))
+    np.testing.assert_array_equal(np.asarray(Spike("identity")(x)), [0.0, 0.0, 1.0, 1.0])
+
+
+# ----------------------------------------------------------------------------- the verifier
+
+
+@pytest.mark.parametrize("surrogate", ["fast_sigmoid", "atan"])
+def test_verifier_checks_the_spike_function_inside_the_neuron_step(surrogate):
+    """check_surrogate runs the step's spike output under jit, vmap, grad, scan and checkpoint.
+
+    From rest with threshold 0 the membrane is the input (beta * 0 + x), so the
+    step's spikes are H(x) (subnormal x flushed to 0) and their derivative is the
+    declared surrogate at x.
+    """
+    entry = CATALOG[f"heaviside_{surrogate}"]
+    lif = Leaky(surrogate)
+    params = lif.init_params(1, threshold=0.0)
+
+    def spikes_of_step(x):
+        return lif.step(params, jnp.zeros_like(x), x)[1]
+
+    def reference(x):
+        # The step flushes a subnormal distance to threshold to 0 (eager and jitted XLA
+        # disagree on them otherwise), so a subnormal input does not spike.
+        tiny = jnp.finfo(x.dtype).tiny
+        return jnp.where(jnp.isnan(x), x, jnp.where(x >= tiny, jnp.ones_like(x), jnp.zeros_like(x)))
+
+    report = assert_surrogate(
+        spikes_of_step,
+        reference=reference,
+        derivative=lambda x: entry.derivative(x),
+        dtypes=[jnp.float32],
+    )
+    names = {name.split("[")[0] for name in report.names()}
+    assert {"jit", "vmap", "grad", "scan"} <= names
+
+
+# ----------------------------------------------------------------------------- encoders, losses, metrics
+
+
+def test_rate_encoder_is_reproducible_and_checks_its_input():
+    x = jnp.array([[0.0, 0.25, 1.0]])
+    a = rate(x, 400, key=jax.random.key(3))
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(rate(x, 400, key=jax.random.key(3))))
+    counts = np.asarray(a.sum(axis=0))[0]
+    assert counts[0] == 0 and counts[2] == 400 and 70 < counts[1] < 130
+    with pytest.raises(ValueError, match=r"intensities in \[0, 1\].*got 1.5"):
+        rate(jnp.array([0.2, 1.5]), 4, key=jax.random.key(0))
+    with pytest.raises(ValueError, match="got nan"):
+        rate(jnp.array([jnp.nan]), 4, key=jax.random.key(0))
+    with pytest.raises(TypeError, match="typed PRNG key"):
+        rate(x, 4, key=jax.random.PRNGKey(0))
+    assert rate(x.astype(jnp.bfloat16), 2, key=jax.random.key(0)).dtype == jnp.bfloat16
+
+
+def test_latency_and_delta_encoders():
+    s = np.asarray(latency(jnp.array([1.0, 0.75, 0.25, 0.005]), 5))
+    assert s.sum(axis=0).tolist() == [1, 1, 1, 0]
+    assert np.argmax(s, axis=0)[:3].tolist() == [0, 1, 3]  # round((1 - x) * 4)
+    d = np.asarray(delta(jnp.array([[0.0], [0.4], [0.45], [0.0]]), threshold=0.3))
+    assert d[:, 0].tolist() == [0.0, 1.0, 0.0, -1.0]
+    d_on = np.asarray(delta(jnp.array([[0.0], [0.4], [0.0]]), threshold=0.3, off_spikes=False))
+    assert d_on[:, 0].tolist() == [0.0, 1.0, 0.0]
+    with pytest.raises(ValueError, match="threshold must be a positive number"):
+        delta(jnp.zeros((3, 1)), threshold=0)
+
+
+def test_losses_match_numpy():
+    rng = np.random.default_rng(0)
+    traces = rng.normal(size=(4, 3, 5)).astype(np.float32)
+    y = np.array([0, 4, 2], np.int32)
+
+    def ce(logits):
+        z = logits - logits.max(-1, keepdims=True)
+        logp = z - np.log(np.exp(z).sum(-1, keepdims=True))
+        return -logp[np.arange(3), y].mean()
+
+    np.testing.assert_allclose(float(ce_mean_membrane(jnp.asarray(traces), y)), ce(traces.mean(0)), rtol=1e-5)
+    np.testing.assert_allclose(float(ce_spike_count(jnp.asarray(traces), y)), ce(traces.sum(0)), rtol=1e-5)
+    np.testing.assert_allclose(float(ce_per_step(jnp.asarray(traces), y)), np.mean([ce(t) for t in traces]), rtol=1e-5)
+    spikes = (traces > 0).astype(np.float32)
+    target = np.where(np.eye(5)[y] > 0, 0.8 * 4, 0.2 * 4)
+    np.testing.assert_allclose(
+        float(mse_count(jnp.asarray(spikes), y)), ((spikes.sum(0) - target) ** 2).mean(), rtol=1e-6
+    )
+    assert float(accuracy_rate(jnp.asarray(traces), y)) == np.mean(traces.sum(0).argmax(-1) == y)
+    with pytest.raises(ValueError, match=r"labels must be integers of shape \(3,\)"):
+        ce_mean_membrane(jnp.asarray(traces), y[:2])
+    with pytest.raises(ValueError, match=r"time-major \(T, B, C\)"):
+        ce_mean_membrane(jnp.asarray(traces[0]), y)
+
+
+def test_first_spike_accuracy_spike_stats_and_regularizer():
+    s = np.zeros((4, 2, 3), np.float32)
+    s[2, 0, 1] = 1  # example 0: class 1 first at t=2
+    s[3, 0, 0] = 1
+    s[1, 1, 2] = s[1, 1, 0] = 1  # example 1: tie at t=1 between 0 and 2 -> class 0
+    assert float(accuracy_first_spike(jnp.asarray(s), jnp.array([1, 0]))) == 1.0
+    assert float(accuracy_first_spike(jnp.asarray(s), jnp.array([0, 2]))) == 0.0
+    stats = spike_stats(jnp.asarray(s))
+    assert float(stats["rate"]) == pytest.approx(s.mean())
+    assert float(stats["silent_fraction"]) == 0.0
+    silent = spike_stats(jnp.zeros((4, 2, 3)))
+    assert float(silent["silent_fraction"]) == 1.0
+    # A silent layer is penalised by the low bound; a layer above the high bound by the high bound.
+    assert float(activity_regularizer([jnp.zeros((4, 2, 3))], low=0.1)) == pytest.approx(0.01)
+    assert float(activity_regularizer([jnp.ones((4, 2, 3))], high=0.5)) == pytest.approx(0.25)
+    assert float(activity_regularizer([jnp.full((4, 2, 3), 0.3)], low=0.1, high=0.5)) == 0.0
+
+
+# ----------------------------------------------------------------------------- the network
+
+
+def test_network_trains_a_step_with_finite_gradients_under_jit():
+    net = NetConfig(8, 3, hidden=(6, 5), spike="sigmoid")
+    params = init_net(net, key=jax.random.key(0))
+    x = rate(jnp.full((4, 8), 0.5), 6, key=jax.random.key(1))
+    out = jax.jit(lambda p, x: forward(net, p, x))(params, x)
+    assert out.traces.shape == (6, 4, 3) and [s.shape for s in out.spikes] == [(6, 4, 6), (6, 4, 5)]
+    g = jax.jit(jax.grad(lambda p: ce_mean_membrane(forward(net, p, x).traces, jnp.array([0, 1, 2, 0]))))(params)
+    assert all(bool(jnp.all(jnp.isfinite(leaf))) for leaf in jax.tree.leaves(g))
+    # Without a surrogate no gradient crosses a spiking layer: only the readout (a leaky
+    # integrator, no spike function between it and the loss) can learn.
+    plain = NetConfig(8, 3, hidden=(6, 5), spike="no_surrogate")
+    g = jax.grad(lambda p: ce_mean_membrane(forward(plain, p, x).traces, jnp.array([0, 1, 2, 0])))(params)
+    assert all(float(jnp.abs(leaf).max()) == 0 for leaf in jax.tree.leaves((g.layers, g.neurons)))
+    assert float(jnp.abs(g.readout.w).max()) > 0
+    ann = NetConfig(8, 3, hidden=(6,), spike=None)
+    out = forward(ann, init_net(ann, key=jax.random.key(0)), x)
+    assert bool(jnp.all(out.spikes[0] >= 0))
+    with pytest.raises(ValueError, match=r"time-major \(T, B, 8\)"):
+        forward(net, params, x[0])
