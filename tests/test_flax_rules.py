@@ -380,3 +380,23 @@ def test_strict_false_allows_unused_rules_and_a_model_is_quantised_once():
         quantize_model(qmodel, [Rule(weights="sign_ste")], x)
     stochastic = quantize_model(model, [Rule(weights="stochastic_round")], x, rngs=nnx.Rngs(quant=1))
     assert not np.array_equal(stochastic(x), stochastic(x)), "a new key per call"
+
+
+def test_save_and_load_quantise_again_identically(tmp_path):
+    from stejax.flax import load_quantized, save_quantized
+
+    model = DigitsCNN(rngs=nnx.Rngs(0))
+    x = _x((2, 64))
+    rules = [
+        Rule(r"conv1", weights=None),
+        Rule(weights=Quant("lsq", bits=4, group_size=8), inputs=Quant("fake_quant", bits=8)),
+    ]
+    qmodel = quantize_model(model, rules, x)
+    qmodel.head.stejax_quant.p0.weight_step[...] = qmodel.head.stejax_quant.p0.weight_step[...] * 1.5
+    calibrate(qmodel, [_x((4, 64), seed=9)])
+    path = save_quantized(qmodel, tmp_path / "q.safetensors")
+    loaded = load_quantized(DigitsCNN(rngs=nnx.Rngs(1)), path, x)
+    assert loaded.stejax_rules == qmodel.stejax_rules
+    assert_bitwise_equal(loaded(x), np.asarray(qmodel(x)))
+    with pytest.raises(ValueError, match=re.escape("conv1/bias is float32[16]; the model has float32[8]")):
+        load_quantized(DigitsCNN((8, 16), rngs=nnx.Rngs(1)), path, x)

@@ -25,3 +25,5 @@ from stejax.flax._rules import Summary as Summary
 from stejax.flax._rules import calibrate as calibrate
 from stejax.flax._rules import quantize_model as quantize_model
 from stejax.flax._rules import summary as summary
+from stejax.flax._saving import load_quantized as load_quantized
+from stejax.flax._saving import save_quantized as save_quantized
