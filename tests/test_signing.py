@@ -146,6 +146,27 @@ def test_sign_refuses_an_artifact_that_does_not_verify_and_an_existing_signature
     assert not [p for p in tmp_path.iterdir() if "sig-partial" in p.name]
 
 
+def test_an_encrypted_private_key_signs_with_its_password(tmp_path, keys):
+    key = ec.generate_private_key(ec.SECP384R1())
+    encrypted = tmp_path / "encrypted.pem"
+    encrypted.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.BestAvailableEncryption(b"pw")
+        )
+    )
+    public = tmp_path / "encrypted.pub.pem"
+    public.write_bytes(
+        key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    )
+    root = copy_artifact("w4a4", tmp_path / "a")
+    with pytest.raises(ValueError, match=r"sign: .*encrypted\.pem: "):
+        sign_artifact(root, encrypted, password="wrong")
+    assert not (root / "model.sig").exists()
+    sign_artifact(root, encrypted, password="pw")
+    assert verify_signature(root, [public]).fingerprint == public_key(public).fingerprint
+    assert public_key(public).curve == "secp384r1"
+
+
 def _certificate(subject: str, key, issuer_name: str, issuer_key, *, ca: bool) -> x509.Certificate:
     now = datetime.datetime.now(datetime.UTC)
     builder = (

@@ -194,7 +194,8 @@ def keygen(out: str | os.PathLike, *, curve: str = "secp256r1") -> tuple[Path, P
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
     )
     public = key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
-    # Created 0600 from the start (O_EXCL, never widened by the umask), not chmod-ed after being written.
+    # Created with mode 0600 (and O_EXCL: never an existing file), so no one else can read it even for a moment;
+    # the chmod makes it exactly 0600 whatever the umask took away.
     fd = os.open(private_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "wb") as f:
         f.write(private)
@@ -213,7 +214,7 @@ def sign_artifact(
     path: str | os.PathLike,
     private_key: str | os.PathLike,
     *,
-    password: str | None = None,
+    password: str | bytes | None = None,
     certificate: str | os.PathLike | None = None,
     chain: Sequence[str | os.PathLike] = (),
     replace: bool = False,
@@ -229,7 +230,7 @@ def sign_artifact(
     Args:
       path: the artifact directory.
       private_key: a PEM elliptic-curve private key.
-      password: its password, if it is encrypted.
+      password: its password, if it is encrypted (a str is encoded as UTF-8).
       certificate: a signing certificate for ``private_key`` (PEM); with it the
         bundle carries the certificate and ``chain`` instead of the key's fingerprint.
       chain: the certificates between ``certificate`` and a root (PEM files).
@@ -256,7 +257,9 @@ def sign_artifact(
     config = signing.Config().set_hashing_config(_hashing_config())
     try:
         if certificate is None:
-            config.use_elliptic_key_signer(private_key=Path(private_key), password=password)
+            # model-signing annotates the password as str, but cryptography needs bytes.
+            secret: Any = password.encode() if isinstance(password, str) else password
+            config.use_elliptic_key_signer(private_key=Path(private_key), password=secret)
         else:
             config.use_certificate_signer(
                 private_key=Path(private_key), signing_certificate=Path(certificate), certificate_chain=list(chain)

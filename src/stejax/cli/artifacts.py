@@ -125,8 +125,15 @@ def export_command(run_dir: Path, out: Path, parent: str | None) -> None:
     table = Table(title="artifact on disk")
     for column in ("file", "bytes", "holds"):
         table.add_column(column, justify="right" if column == "bytes" else "left")
+    containers = {row.container for row in result.size.layers}
+    if containers == {"float32"}:
+        weights_holds = "the float32 weights (a float run: nothing is quantised)"
+    elif "float32" in containers:
+        weights_holds = "the integer weights and scales, and the float32 weights of unquantised layers"
+    else:
+        weights_holds = "the integer weights and scales"
     holds = {
-        "weights.safetensors": "the integer weights and scales",
+        "weights.safetensors": weights_holds,
         "parity.safetensors": "parity evidence: the test inputs, fake-quant logits, bounds",
         "manifest.json": "contract, quantisation, hashes, metrics, verification",
     }
@@ -135,6 +142,14 @@ def export_command(run_dir: Path, out: Path, parent: str | None) -> None:
     console.print(table)
     total = sum(on_disk.values())
     console.print(Text(f"artifact {artifact.id} written to {artifact.path.resolve()}: {total} B on disk"))
+    # The release gate (artifact promote, serve) needs the regression set; recording it is a separate
+    # step so that it is visibly a file added after the export (and before any signature).
+    console.print(
+        Text(
+            f"next: stejax regress record {out}   (stores the standard regression set; artifact promote and serve "
+            "refuse an artifact without one)"
+        )
+    )
 
 
 @click.group("artifact")
@@ -208,9 +223,20 @@ def artifact_verify(artifact_dir: Path, public_keys: tuple[Path, ...], roots: tu
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     help="A certificate between --certificate and the root (PEM, repeatable).",
 )
+@click.option(
+    "--key-password-file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="A file holding the private key's password, if it is encrypted.",
+)
 @click.option("--replace", is_flag=True, help="Replace an existing signature.")
 def artifact_sign(
-    artifact_dir: Path, private_key: Path, certificate: Path | None, chain: tuple[Path, ...], replace: bool
+    artifact_dir: Path,
+    private_key: Path,
+    certificate: Path | None,
+    chain: tuple[Path, ...],
+    key_password_file: Path | None,
+    replace: bool,
 ) -> None:
     """Sign every file of ARTIFACT_DIR (OpenSSF model signing, offline); writes ARTIFACT_DIR/model.sig.
 
@@ -222,8 +248,11 @@ def artifact_sign(
 
     if chain and certificate is None:
         raise click.UsageError("--chain needs --certificate.")
+    password = key_password_file.read_bytes().rstrip(b"\r\n") if key_password_file is not None else None
     path = _artifact_errors(
-        lambda: sign_artifact(artifact_dir, private_key, certificate=certificate, chain=chain, replace=replace)
+        lambda: sign_artifact(
+            artifact_dir, private_key, password=password, certificate=certificate, chain=chain, replace=replace
+        )
     )
     Console().print(Text(f"signed: {path}"))
 
