@@ -25,7 +25,9 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 GENERATED = ("estimators.md",)
-PAGES = [ROOT / "README.md", *sorted(p for p in DOCS.glob("*.md") if p.name not in GENERATED)]
+PAGES = [ROOT / "README.md", *sorted(p for p in DOCS.rglob("*.md") if p.relative_to(DOCS).as_posix() not in GENERATED)]
+# Fences that look like Python but would not run: write such a block as python (it runs) or text (it does not).
+UNRUN_PYTHON = ("py", "python3", "pycon", "ipython")
 RUN_TIMEOUT_S = 300
 
 _FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})[ \t]*(?P<info>[^`\s]*)[^`]*$")
@@ -94,15 +96,21 @@ def run_page(name: str, blocks: list[tuple[int, str]], cwd: Path) -> subprocess.
     )
 
 
-@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.relative_to(ROOT).as_posix())
+@pytest.mark.parametrize("page", [p for p in PAGES if python_blocks(p)], ids=lambda p: p.relative_to(ROOT).as_posix())
 def test_python_blocks_run(page, tmp_path):
-    blocks = python_blocks(page)
-    if not blocks:
-        assert not any(language in ("py", "python3") for _, language, _ in code_blocks(page.read_text("utf-8")))
-        return
     name = page.relative_to(ROOT).as_posix()
-    result = run_page(name, blocks, tmp_path)
+    result = run_page(name, python_blocks(page), tmp_path)
     assert result.returncode == 0, f"{name}:\n{result.stderr[-6000:]}"
+
+
+def test_no_python_block_is_fenced_so_that_it_would_not_run():
+    hidden = [
+        f"{page.relative_to(ROOT).as_posix()}:{line} ({language})"
+        for page in PAGES
+        for line, language, _ in code_blocks(page.read_text(encoding="utf-8"))
+        if language in UNRUN_PYTHON
+    ]
+    assert hidden == [], "fence these as python (run by this module) or text (not run)"
 
 
 def test_code_blocks_are_found_with_their_lines():
