@@ -1,0 +1,82 @@
+"""Peak memory of quantize_model on a model with about 100 MB of parameters, against the parameters' size.
+
+Each measurement runs in a fresh subprocess: resident set size (VmRSS from
+/proc/self/status) before the model is built and after, then the process's
+peak (``resource.getrusage(RUSAGE_SELF).ru_maxrss``) after quantising. The
+figure is ``(peak - RSS before the model) / parameter bytes``: 1.0 means the
+quantised model costs nothing beyond its parameters. ``--peer qwix`` measures
+``qwix.quantize_model`` with its QAT provider (int8 weights and activations)
+the same way. Linux only (``/proc``).
+
+    python benchmarks/rules_memory.py [--layers 24] [--width 1024] [--peer stejax|qwix|both]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+
+CHILD = r"""
+import json, resource, sys
+import jax, jax.numpy as jnp
+from flax import nnx
+
+def rss():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+
+peer, layers, width = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+x = jnp.ones((1, width), jnp.float32)
+jax.block_until_ready(x + 1)  # start the runtime before the baseline
+before = rss()
+model = nnx.Sequential(*[nnx.Linear(width, width, rngs=nnx.Rngs(i)) for i in range(layers)])
+params = sum(v.nbytes for v in jax.tree.leaves(nnx.state(model, nnx.Param)))
+built, peak_built = rss(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+if peer == "stejax":
+    from stejax.flax import Quant, Rule, quantize_model
+    rules = [Rule(weights=Quant("fake_quant", bits=8, axis=-1), inputs=Quant("fake_quant", bits=8, scale="dynamic"))]
+    q = quantize_model(model, rules, x)
+else:
+    import qwix
+    rules = [qwix.QtRule(module_path=".*", weight_qtype="int8", act_qtype="int8")]
+    q = qwix.quantize_model(model, qwix.QtProvider(rules), x)
+jax.block_until_ready(jax.tree.leaves(nnx.state(q)))
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+print(json.dumps({"peer": peer, "param_bytes": params, "rss_before": before, "rss_built": built,
+                  "peak_built": peak_built, "peak": peak}))
+"""
+
+
+def measure(peer: str, layers: int, width: int) -> dict:
+    done = subprocess.run(
+        [sys.executable, "-c", CHILD, peer, str(layers), str(width)], capture_output=True, text=True, check=True
+    )
+    r = json.loads(done.stdout.strip().splitlines()[-1])
+    r["peak_over_params"] = (r["peak"] - r["rss_before"]) / r["param_bytes"]
+    r["quantize_added_over_params"] = (r["peak"] - r["rss_built"]) / r["param_bytes"]
+    return r
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--layers", type=int, default=24)
+    parser.add_argument("--width", type=int, default=1024)
+    parser.add_argument("--peer", choices=("stejax", "qwix", "both"), default="both")
+    args = parser.parse_args()
+    for peer in ("stejax", "qwix") if args.peer == "both" else (args.peer,):
+        r = measure(peer, args.layers, args.width)
+        mb = 1 / 2**20
+        hidden = " (not above the build's own peak: an upper bound)" if r["peak"] <= r["peak_built"] else ""
+        print(
+            f"{peer:7s} params {r['param_bytes'] * mb:6.1f} MB; RSS of the built float model "
+            f"+{(r['rss_built'] - r['rss_before']) * mb:6.1f} MB; peak after quantize_model "
+            f"+{(r['peak'] - r['rss_before']) * mb:6.1f} MB; quantize_model's peak above the built model "
+            f"{(r['peak'] - r['rss_built']) * mb:6.1f} MB = {r['quantize_added_over_params']:.2f} x params{hidden}"
+        )
+
+
+if __name__ == "__main__":
+    main()
