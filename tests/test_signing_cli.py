@@ -5,10 +5,11 @@ from __future__ import annotations
 import os
 import stat
 
+import pytest
 from click.testing import CliRunner
 
 from artifact_runs import copy_artifact
-from signing_support import make_key, weight_byte_changed
+from signing_support import CASES, make_key, signed_copy, weight_byte_changed
 from stejax.artifacts import Registry, load_artifact, public_key
 from stejax.cli import main
 
@@ -61,6 +62,17 @@ def test_keygen_sign_verify_the_whole_flow(tmp_path):
     assert changed.exit_code == 1 and f"{art}: weights.safetensors: changed after signing" in changed.output
     resign = _run("artifact", "sign", art, "--key", keys / "private.pem", "--replace")
     assert resign.exit_code == 1 and "weights.safetensors: sha256" in resign.output
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_verify_exits_non_zero_naming_the_file_and_the_reason(tmp_path, case):
+    tamper, _, file, fragment = CASES[case]
+    keys = {name: make_key(tmp_path / "keys", name) for name in ("ours", "theirs")}
+    art = signed_copy(tmp_path / "art", keys["ours"][0])
+    tamper(art, keys, tmp_path)
+    result = _run("artifact", "verify", art, "--public-key", keys["ours"][1])
+    assert result.exit_code == 1, result.output
+    assert f"SignatureError: {art}: {file}: " in result.output and fragment in result.output
 
 
 def test_trust_add_list_remove_and_promote_under_the_policy(tmp_path):
