@@ -142,6 +142,8 @@ def _shared_params(text: str) -> str:
 
 
 _EXAMPLE_HEADING = re.compile(r"^(?P<indent>[ \t]*)Example:\s*$", re.MULTILINE)
+# The first line of a Returns or Yields section, which the docstrings write as prose about the one value.
+_RETURNS_FIRST_LINE = re.compile(r"^([ \t]*(?:Returns|Yields):[ \t]*\n(?:[ \t]*\n)*[ \t]+)(?=\S)", re.MULTILINE)
 
 
 def rewrite(obj: griffe.Object | griffe.Alias, text: str) -> str:
@@ -149,6 +151,9 @@ def rewrite(obj: griffe.Object | griffe.Alias, text: str) -> str:
     text = _shared_params(text)
     # Napoleon's "Example:" is Griffe's "Examples:" (its >>> lines become code); otherwise an admonition.
     text = _EXAMPLE_HEADING.sub(lambda m: f"{m.group('indent')}Examples:", text)
+    # Griffe reads "Returns:" text before a first colon as a type; a leading colon says "no type here" (the
+    # type comes from the signature), so "A VQResult (a, b):" and "{'n': ...}" stay prose.
+    text = _RETURNS_FIRST_LINE.sub(lambda m: m.group(1) + ": ", text)
     text = _math_directives(text)
     text = _MATH_ROLE.sub(lambda m: f"${m.group(1).strip()}$", text)
     return _XREF_ROLE.sub(lambda m: _xref(obj, m), text)
