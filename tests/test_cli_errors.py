@@ -11,6 +11,8 @@ from __future__ import annotations
 import pickle
 import re
 import shutil
+import signal
+import threading
 
 import pytest
 from click.testing import CliRunner
@@ -89,3 +91,44 @@ def test_a_missing_user_module_file_for_verify(tmp_path, monkeypatch):
     result = _run("verify", "./nothere.py:f", "--reference", "./nothere.py:r", "--derivative", "./nothere.py:d")
     assert result.exit_code == 2
     assert "nothere.py: does not exist" in result.output and "Traceback" not in result.output
+
+
+def test_serve_exits_with_the_reason_when_the_start_up_artifact_is_refused(tmp_path, monkeypatch):
+    # Right after `stejax export`: no regression set, so the gate refuses it; without admin endpoints
+    # nothing could replace it, so serve stops instead of answering /readyz 503 for ever.
+    import uvicorn
+
+    monkeypatch.delenv("STEJAX_ADMIN_TOKEN", raising=False)
+    # The real server, without uvicorn's logging configuration: that would bind handlers to the
+    # CliRunner's captured stream, which is closed when the command returns.
+    real_run = uvicorn.run
+
+    def run_at_most_two_minutes(app, **kwargs):
+        # Without the fix the server would run for ever: stop it, and the exit code says so.
+        def stop():
+            server = getattr(signal.getsignal(signal.SIGTERM), "__self__", None)
+            if server is not None:
+                server.should_exit = True
+
+        watchdog = threading.Timer(120, stop)
+        watchdog.start()
+        try:
+            real_run(app, **kwargs, log_config=None)
+        finally:
+            watchdog.cancel()
+
+    monkeypatch.setattr(uvicorn, "run", run_at_most_two_minutes)
+    bare = copy_artifact("w2a2", tmp_path / "bare", regression=False)
+    result = _run("serve", "--artifact", bare, "--port", "0", "--buckets", "1", "--log-level", "critical")
+    assert result.exit_code == 1, result.output
+    assert f"artifact {bare} was refused at start-up" in " ".join(result.output.split())
+    assert "no regression set" in result.output and "No admin endpoint is on" in " ".join(result.output.split())
+    assert "http://127.0.0.1:0" not in result.output and "http://127.0.0.1:" in result.output
+
+
+def test_export_says_the_next_command(run, tmp_path):
+    out = tmp_path / "art"
+    result = _run("export", run, "--out", out)
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    assert f"next: stejax regress record {out}" in text

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import signal
+import socket
+import threading
 from pathlib import Path
 
 import click
@@ -93,13 +96,20 @@ def serve_command(
     trust_keys: tuple[Path, ...],
     log_level: str,
 ) -> None:
-    """Serve a verified artifact over HTTP: POST /v1/predict, /metrics, /healthz, /readyz, /admin/*.
+    """Serve a verified artifact over HTTP: POST /v1/predict, GET /v1/model, /metrics, /healthz, /readyz, /admin/*.
 
     Every bucket is compiled at start-up (no request ever compiles); /readyz
-    answers 200 once that is done and the artifact passed its gate. Bound to
-    127.0.0.1 unless --host says otherwise. The admin endpoints (reload,
-    rollback, status) are on only with a token from --admin-token-file or
-    $STEJAX_ADMIN_TOKEN.
+    answers 200 once that is done and the artifact passed its gate (which
+    needs its regression set: stejax regress record ART). GET /v1/model gives
+    the live model's version, input contract and the service's bounds. Bound
+    to 127.0.0.1 unless --host says otherwise; --port 0 takes a free port and
+    prints it. The admin endpoints (reload, rollback, status) are on only with
+    a token from --admin-token-file or $STEJAX_ADMIN_TOKEN.
+
+    A start-up artifact that the gate refuses: without admin endpoints nothing
+    could ever replace it, so serve exits with code 1 and the reason. With
+    admin endpoints on, serve stays up and not ready (/healthz 200, /readyz 503
+    with the reason) until POST /admin/reload brings an artifact that passes.
     """
     import logging
     import os
@@ -145,6 +155,8 @@ def serve_command(
     except ValueError as error:  # a --trust-key that is not an EC public key
         raise click.BadParameter(str(error), param_hint="--trust-key") from None
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if port == 0:
+        port = _free_port(host)
     console = Console()
     console.print(
         Text(
@@ -152,11 +164,48 @@ def serve_command(
             f"admin {'on' if token else 'off'}); /readyz turns 200 when every bucket is compiled"
         )
     )
-    uvicorn.run(
-        create_app(source, config),
-        host=host,
-        port=port,
-        log_level=log_level,
-        limit_concurrency=max_connections,
-        server_header=False,
-    )
+    app = create_app(source, config)
+    done = threading.Event()
+    if token is None:
+        # Without admin endpoints a refused start-up artifact can never be replaced: stop the server.
+        threading.Thread(target=_stop_when_refused, args=(app.state.service, done), daemon=True).start()
+    try:
+        uvicorn.run(
+            app,
+            host=host,
+            port=port,
+            log_level=log_level,
+            limit_concurrency=max_connections,
+            server_header=False,
+        )
+    finally:
+        done.set()
+    failure = app.state.service.failure
+    if token is None and failure:
+        raise click.ClickException(
+            f"{source.description} was refused at start-up: {failure.rstrip('.')}. No admin endpoint is on "
+            "(no admin token), so nothing could replace it; exiting."
+        )
+
+
+def _free_port(host: str) -> int:
+    """A port the OS reports free on ``host`` (``--port 0``), so that the banner can print it."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def _stop_when_refused(service, done: threading.Event) -> None:
+    """Ask uvicorn to shut down gracefully once start-up has failed.
+
+    While it runs, uvicorn's server handles SIGTERM with its ``handle_exit``; setting that
+    server's ``should_exit`` is what the handler does, without a signal (which uvicorn
+    would raise again after shutting down, and which would end the process there).
+    """
+    while not done.wait(0.05):
+        if service.state == "failed":
+            server = getattr(signal.getsignal(signal.SIGTERM), "__self__", None)
+            if server is not None and hasattr(server, "should_exit"):
+                server.should_exit = True
+            return
