@@ -31,13 +31,12 @@ def keys(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory, keys):
-    root = signed_copy(tmp_path_factory.mktemp("served") / "a", keys["ours"][0])
-    return root, support.load(root).version
+    return signed_copy(tmp_path_factory.mktemp("served") / "a", keys["ours"][0])
 
 
 @pytest.fixture(scope="module")
 def server(served, keys):
-    source = ArtifactSource(served[0], trusted_keys=[keys["ours"][1]])
+    source = ArtifactSource(served, trusted_keys=[keys["ours"][1]])
     with support.serving(create_app(source, CONFIG)) as running:
         yield running
 
@@ -64,8 +63,10 @@ class Requests:
         self._thread.join(timeout=60)
 
 
-def test_each_untrusted_candidate_is_refused_while_the_old_model_serves(server, served, keys, tmp_path):
-    path, version = served
+def test_each_untrusted_candidate_is_refused_while_the_old_model_serves(server, keys, tmp_path):
+    # Whatever is live (the served artifact, or a trusted candidate swapped in by another test) stays live.
+    version = server.service.live.version
+    untrusted, refused = (server.metric("stejax_reloads_total", f'outcome="{o}"') for o in ("untrusted", "refused"))
     with Requests(server) as requests:
         for n, (case, (tamper, _, file, fragment)) in enumerate(CASES.items(), 1):
             candidate = signed_copy(tmp_path / f"candidate-{n}", keys["ours"][0], n=n)
@@ -76,19 +77,26 @@ def test_each_untrusted_candidate_is_refused_while_the_old_model_serves(server, 
             assert body["status"] == "refused" and body["model_version"] == version, case
             (failure,) = body["failures"]
             assert failure.startswith(f"signature: {candidate}: {file}: ") and fragment in failure, (case, failure)
-            assert server.metric("stejax_reloads_total", 'outcome="untrusted"') == n
+            assert server.metric("stejax_reloads_total", 'outcome="untrusted"') == untrusted + n
     assert len(requests.answers) > 5
     assert set(requests.answers) == {(200, version)}
-    assert server.metric("stejax_reloads_total", 'outcome="refused"') == 0
+    assert server.metric("stejax_reloads_total", 'outcome="refused"') == refused
     assert server.client.get("/readyz").json()["model_version"] == version
 
 
-def test_a_candidate_signed_by_the_trusted_key_is_swapped(server, served, keys, tmp_path):
+def test_a_candidate_signed_by_the_trusted_key_is_swapped(server, keys, tmp_path):
+    live = server.service.live.version
+    swapped = server.metric("stejax_reloads_total", 'outcome="swapped"')
     candidate = signed_copy(tmp_path / "good", keys["ours"][0], n=20)
     response = server.client.post("/admin/reload", json={"artifact": str(candidate)}, headers=ADMIN)
     assert response.status_code == 200, response.text
-    assert response.json()["model_version"] == support.load(candidate).version != served[1]
-    assert server.metric("stejax_reloads_total", 'outcome="swapped"') == 1
+    assert response.json() == {
+        "status": "swapped",
+        "model_version": support.load(candidate).version,
+        "previous_version": live,
+    }
+    assert support.load(candidate).version != live
+    assert server.metric("stejax_reloads_total", 'outcome="swapped"') == swapped + 1
 
 
 def test_an_unsigned_artifact_is_not_served_at_start_up(keys, tmp_path):
