@@ -84,6 +84,13 @@ class CompareSettings:
     VQ and Gumbel use one shared codebook of ``codebook_size`` codes of
     ``code_dim`` entries; FSQ uses ``fsq_levels`` per token with
     ``prod(fsq_levels) == codebook_size``.
+
+    The codes start at N(0, ``codebook_init_scale``²) (0.1: near the encoder's
+    initial outputs, as vector-quantize-pytorch's small uniform initialisation;
+    at 1.0 a plain rotation-trick codebook collapses). EMA decay ``decay``,
+    dead-code threshold ``dead_code_threshold`` (vectors per step, of 256 per
+    batch over 64 codes), Gumbel temperature annealed geometrically from
+    ``tau_start`` to ``tau_end`` in ``tau_stages`` piecewise-constant stages.
     """
 
     seeds: tuple[int, ...] = (0, 1, 2)
@@ -286,7 +293,8 @@ def _run_one(m: _Model, key, x_train, x_test):
 
     if m.config.codebook == "kmeans_dead_code":
         k_pick, k_means = keys.split(k_kmeans, where="vq compare: kmeans examples, means")
-        first = x_train[jax.random.permutation(k_pick, n)[: s.kmeans_examples]]
+        first = x_train[jax.random.permutation(keys.consume(k_pick, where="vq compare: kmeans examples"), n)]
+        first = first[: s.kmeans_examples]
         vectors = cb.project(params["codebook"], _mlp(params["encoder"], first))
         params["codebook"], cb_state = cb.kmeans_init(
             params["codebook"], cb_state, vectors, key=k_means, iters=s.kmeans_iters
@@ -318,7 +326,8 @@ def _run_one(m: _Model, key, x_train, x_test):
     def epoch(carry, epoch_index):
         p, o, st, k = carry
         k, k_perm, k_steps = keys.split(k, 3, where="vq compare: epoch -> run, shuffle, steps")
-        perm = jax.random.permutation(k_perm, n)[: n_batches * s.batch_size]
+        perm = jax.random.permutation(keys.consume(k_perm, where="vq compare: epoch shuffle"), n)
+        perm = perm[: n_batches * s.batch_size]
         xb = x_train[perm].reshape(n_batches, s.batch_size, -1)
         step_keys = keys.split(k_steps, n_batches, where="vq compare: one key per step")
         stage = jnp.minimum(epoch_index * n_stages // s.epochs, n_stages - 1)
