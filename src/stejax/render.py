@@ -45,8 +45,9 @@ _SYMBOLS = {
     "varepsilon": "ε", "eta": "η", "theta": "θ", "lambda": "λ", "mu": "μ", "pi": "π",
     "sigma": "σ", "tau": "τ", "phi": "φ", "omega": "ω", "Theta": "Θ",
     "operatorname": "", "mathrm": "", "text": "", "mathbf": "", "mathit": "", "left": "", "right": "",
-    "quad": "  ", "qquad": "   ", ",": " ", ";": " ", " ": " ", "!": "",
-    **{f: f for f in ("tanh", "exp", "log", "ln", "sin", "cos", "max", "min", "sgn", "arg")},
+    "quad": "  ", "qquad": "   ", ",": " ", ";": " ", " ": " ", "!": "", "_": "_",
+    "ell": "ℓ", "neg": "¬", "top": "ᵀ", "big": "", "Big": "", "bigg": "", "Bigg": "",
+    **{f: f for f in ("tanh", "cosh", "sinh", "exp", "log", "ln", "sin", "cos", "max", "min", "sgn", "arg")},
 }
 # fmt: on
 # Commands after which LaTeX's separating space is dropped: "\partial y" reads "∂y", "\alpha x" "αx".
@@ -58,6 +59,10 @@ _JOINED = {"partial", "operatorname", "mathrm", "text", "mathbf", "mathit", "lef
 def plain_math(latex: str) -> str:
     """A readable plain-text form of ``latex`` for the terminal; unknown commands stay as written."""
     text = latex.replace(r"\mathbb{1}", "𝟙")
+    # Accents and groupings that read as words: \overline{|x|} is a mean, \widehat{v} a unit vector.
+    text = re.sub(r"\\overline\{([^{}]*)\}", r"mean(\1)", text)
+    text = re.sub(r"\\widehat\{([^{}]*)\}", r"unit(\1)", text)
+    text = re.sub(r"\\tfrac(\d)(\d)", r"\1/\2", text)
 
     def symbol(match: re.Match[str]) -> str:
         name = match.group(1) or match.group(2)
@@ -67,9 +72,13 @@ def plain_math(latex: str) -> str:
         return _SYMBOLS[name] + space
 
     # A command name ends at its first non-letter and may eat one space, as in LaTeX.
-    text = re.sub(r"\\([A-Za-z]+) ?|\\([|,;! ])", symbol, text)
+    text = re.sub(r"\\([A-Za-z]+) ?|\\([|,;! _])", symbol, text)
+    # A dot (the tangent) or a hat over one symbol: the combining accent after it.
+    text = re.sub(r"\\dot ?(\w)", "\\1\u0307", text)
+    text = re.sub(r"\\hat ?(\w)", "\\1\u0302", text)
     # \frac{a}{b} -> a/b, parenthesised unless single tokens; nested fractions stay LaTeX.
-    text = re.sub(r"\\[dt]?frac\{([^{}]*)\}\{([^{}]*)\}", lambda m: f"{_atom(m[1])}/{_atom(m[2])}", text)
+    group = r"\{((?:[^{}]|\{[^{}]*\})*)\}"  # braces holding at most one level of braces
+    text = re.sub(r"\\[dt]?frac" + group + group, lambda m: f"{_atom(m[1])}/{_atom(m[2])}", text)
     if re.search(r"\\[A-Za-z]", text):
         # A command this reader does not know: the LaTeX as written is clearer than half a translation.
         return " ".join(latex.split())

@@ -22,14 +22,48 @@ __all__ = ["list_command", "show", "verify_command"]
 
 @click.command("list")
 @click.option("--family", type=click.Choice(FAMILIES), default=None, help="Only this family.")
-def list_command(family: str | None) -> None:
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (plain text and LaTeX, parameters, arrays) instead.")
+def list_command(family: str | None, as_json: bool) -> None:
     """List the estimators with their math and paper.
 
     One row per estimator: name, family, forward function, surrogate
     derivative (both in a plain-text reading of the LaTeX) and reference.
+    With --json, a JSON array with the same and the LaTeX, the parameters
+    and the extra positional arrays.
     """
     entries = [e for e in CATALOG.values() if family is None or e.family == family]
+    if as_json:
+        import json
+
+        click.echo(json.dumps([_entry_record(e) for e in entries], indent=2))
+        return
     Console().print(_catalog_table(entries))
+
+
+def _entry_record(entry: Entry) -> dict[str, Any]:
+    """One catalog entry as JSON-ready data."""
+    return {
+        "name": entry.name,
+        "family": entry.family,
+        "forward": plain_math(entry.forward_math),
+        "derivative": plain_math(derivative_math(entry)),
+        "forward_latex": entry.forward_math,
+        "derivative_latex": entry.derivative_math,
+        "kinks": entry.kinks,
+        "random": entry.random,
+        "params": [
+            {
+                "name": p.name,
+                "default": default_text(entry, p),
+                "required": default_text(entry, p) is None,
+                "values": [repr(v) for v in p.values],
+                "doc": p.doc,
+            }
+            for p in entry.params
+        ],
+        "args": [{"name": a.name, "differentiable": a.differentiable, "doc": a.doc} for a in entry.args],
+        "reference": entry.reference,
+    }
 
 
 @click.command()

@@ -1,0 +1,49 @@
+"""`stejax list` and `stejax show`: plain text for every estimator, JSON on request, every parameter shown."""
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from stejax.cli import main
+from stejax.estimators.catalog import CATALOG
+from stejax.render import derivative_math, plain_math
+
+
+@pytest.mark.parametrize("name", list(CATALOG))
+def test_plain_math_leaves_no_latex(name):
+    entry = CATALOG[name]
+    for text in (plain_math(entry.forward_math), plain_math(derivative_math(entry))):
+        assert "\\" not in text and "{" not in text and "}" not in text, text
+
+
+def test_list_prints_plain_text_for_every_estimator():
+    result = CliRunner().invoke(main, ["list"], terminal_width=400)
+    assert result.exit_code == 0, result.output
+    assert "\\" not in result.output
+    for name in CATALOG:
+        assert name in result.output
+
+
+def test_list_json():
+    result = CliRunner().invoke(main, ["list", "--json"])
+    assert result.exit_code == 0, result.output
+    records = json.loads(result.output)
+    assert [r["name"] for r in records] == list(CATALOG)
+    by_name = {r["name"]: r for r in records}
+    fq = by_name["fake_quant"]
+    assert fq["forward_latex"] == CATALOG["fake_quant"].forward_math and "\\" not in fq["forward"]
+    params = {p["name"]: p for p in fq["params"]}
+    assert set(params) == {"bits", "signed", "narrow_range", "axis"}
+    assert params["bits"]["required"] and params["axis"]["default"] == "None" and not params["axis"]["required"]
+    assert [a["name"] for a in fq["args"]] == ["scale", "zero_point"]
+    family = json.loads(CliRunner().invoke(main, ["list", "--json", "--family", "uniform"]).output)
+    assert {r["family"] for r in family} == {"uniform"}
+
+
+def test_show_takes_the_axis_of_a_per_channel_quantiser(tmp_path):
+    result = CliRunner().invoke(
+        main, ["show", "fake_quant", "--param", "bits=4", "--param", "axis=0", "--out", str(tmp_path / "fq.png")]
+    )
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "fq.png").exists() and "axis" in result.output
