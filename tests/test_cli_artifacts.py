@@ -38,7 +38,8 @@ def test_export_verify_and_regress(tmp_path):
     for name, n in sizes.items():
         assert re.search(rf"{re.escape(name)} │ {n} │", result.output), name
     verify = _run("artifact", "verify", out)
-    assert verify.exit_code == 0 and f"verified: {artifact.id}" in verify.output
+    assert verify.exit_code == 0 and f"verified: {artifact.id} (w2a2: hidden layers" in verify.output
+    assert "w2a2: w2a2" not in verify.output
     assert _run("regress", "record", out).exit_code == 0
     check = _run("regress", "check", out)
     assert check.exit_code == 0, check.output
@@ -106,6 +107,9 @@ def test_registry_commands(tmp_path):
     a = copy_artifact("w4a4", tmp_path / "a")
     b = copy_artifact("w8a8", tmp_path / "b")
     registry = tmp_path / "registry"
+    typo = _run("artifact", "current", "--registry", registry)
+    assert typo.exit_code == 2 and f"no registry at {registry} (no such directory)" in typo.output
+    registry.mkdir()
     empty = _run("artifact", "current", "--registry", registry)
     assert empty.exit_code == 1 and "nothing promoted yet" in empty.output
     nothing = _run("artifact", "rollback", "--registry", registry)

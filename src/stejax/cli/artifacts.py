@@ -29,6 +29,15 @@ def _artifact_errors(run):
         raise click.ClickException(f"{type(error).__name__}: {error}") from None
 
 
+def _existing_registry(registry_dir: Path) -> None:
+    """A registry that commands only read must exist: a mistyped path is not an empty registry."""
+    from stejax.cli._common import InputError
+
+    if not registry_dir.is_dir():
+        what = "a file, not a directory" if registry_dir.exists() else "no such directory"
+        raise InputError(f"no registry at {registry_dir} ({what}); `stejax artifact promote --registry DIR` makes one.")
+
+
 def _size_table(size) -> Table:
     table = Table(title="stored weights per layer")
     for column in ("layer", "shape", "stored as", "float32 B", "stored B", "ratio", "scales B", "bias B"):
@@ -193,7 +202,10 @@ def artifact_verify(artifact_dir: Path, public_keys: tuple[Path, ...], roots: tu
         table.add_row(Text(name), Text(str(entry["bytes"])), Text(entry["sha256"]))
     console.print(table)
     quant = artifact.manifest["quantization"]
-    console.print(Text(f"verified: {artifact.id} ({quant['preset']}: {quant['describe']})"))
+    # describe() already starts with the preset's name ("w4a4: hidden layers ..."): say it once.
+    describe = quant["describe"]
+    what = describe if describe.startswith(f"{quant['preset']}:") else f"{quant['preset']}: {describe}"
+    console.print(Text(f"verified: {artifact.id} ({what.rstrip('.')})"))
     if signature is not None:
         console.print(Text(f"signature: {signature.summary()}"))
     elif (artifact_dir / "model.sig").exists():
@@ -357,6 +369,7 @@ def artifact_current(registry_dir: Path) -> None:
     """Print the current artifact's id and directory (verified on the way)."""
     from stejax.artifacts import Registry
 
+    _existing_registry(registry_dir)
     artifact = _artifact_errors(lambda: Registry(registry_dir).current())
     if artifact is None:
         raise click.ClickException(f"{registry_dir}: nothing promoted yet.")
@@ -373,6 +386,7 @@ def artifact_list(registry_dir: Path) -> None:
     """
     from stejax.artifacts import Registry
 
+    _existing_registry(registry_dir)
     registry = Registry(registry_dir)
     entries = _artifact_errors(registry.list)
     torn = _artifact_errors(registry.torn_tail)
