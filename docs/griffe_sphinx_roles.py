@@ -163,7 +163,8 @@ class SphinxRoles(griffe.Extension):
     """Rewrite every docstring of a loaded package once, after all its modules (and aliases) exist.
 
     It also marks ``from m import x as x`` (the house's explicit re-export, PEP 484's convention) as public, so
-    that a package page documents every name its ``__init__`` re-exports and nothing it merely imports.
+    that a package page documents every name its ``__init__`` re-exports and nothing it merely imports, and
+    keeps dataclasses' ``__post_init__`` off the pages.
     """
 
     def on_alias_instance(self, *, node: ast.AST | griffe.ObjectNode, alias: griffe.Alias, **kwargs: object) -> None:
@@ -180,4 +181,6 @@ class SphinxRoles(griffe.Extension):
             seen.add(id(obj))
             if obj.docstring is not None:
                 obj.docstring.value = rewrite(obj, obj.docstring.value)
+            if obj.is_class:  # a dataclass's own validation is not something a user calls
+                obj.members.pop("__post_init__", None)
             stack.extend(member for member in obj.members.values() if not member.is_alias)
