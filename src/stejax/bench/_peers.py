@@ -131,6 +131,11 @@ def peers_suite(*, repeats: int, warmup: int, quick: bool) -> dict[str, Any]:
         ratios=ratios,
         info=info,
     )
+    # The spiking peer (Spyx): a two-layer LIF training step per T, beside stejax.snn's.
+    from stejax.bench._peers_snn import snn_peer_groups
+
+    snn_groups, snn_notes = snn_peer_groups(repeats=repeats, warmup=warmup, quick=quick)
+    notes += snn_notes
     return {
         "status": "ok",
         "note": "",
@@ -141,7 +146,7 @@ def peers_suite(*, repeats: int, warmup: int, quick: bool) -> dict[str, Any]:
             "flax": importlib.metadata.version("flax"),
             "qwix": importlib.metadata.version("qwix"),
         },
-        "groups": [group],
+        "groups": [group, *snn_groups],
         "notes": notes,
     }
 

@@ -105,8 +105,20 @@ def make_optimizer(config: SNNTrainConfig, steps_per_epoch: int):
 
     schedule = optax.cosine_decay_schedule(config.learning_rate, config.epochs * steps_per_epoch)
     if config.weight_decay:
-        return optax.adamw(schedule, weight_decay=config.weight_decay)
-    return optax.adam(schedule)
+        inner = optax.adamw(schedule, weight_decay=config.weight_decay)
+    else:
+        inner = optax.adam(schedule)
+
+    # optax mixes its int32 step count with floats, which strict promotion refuses; all values stay float32.
+    def init(params):
+        with jax.numpy_dtype_promotion("standard"):
+            return inner.init(params)
+
+    def update(updates, state, params=None):
+        with jax.numpy_dtype_promotion("standard"):
+            return inner.update(updates, state, params)
+
+    return optax.GradientTransformation(init, update)
 
 
 def make_train_step(net: NetConfig, config: SNNTrainConfig, optimizer) -> Callable[..., Any]:

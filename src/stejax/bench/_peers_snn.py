@@ -1,0 +1,137 @@
+"""The spiking peers group: a Spyx training step (Flax NNX) beside stejax's, on the same two-layer LIF network.
+
+Spyx is optional (``pip install 'stejax[peers]'``) and imported only here; without
+it the groups are skipped with a note.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import warnings
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from stejax.bench._measure import compare, standard_promotion
+
+__all__ = ["snn_peer_groups"]
+
+_STEPS_FULL = (8, 25, 100)
+_STEPS_QUICK = (8,)
+
+
+def snn_peer_groups(*, repeats: int, warmup: int, quick: bool) -> tuple[list[dict[str, Any]], list[str]]:
+    """Time one training step of a two-layer LIF network in stejax and in Spyx, interleaved, for each T.
+
+    The network: ``64 -> 128 LIF -> 128 LIF -> 10`` leaky-integrator readout
+    (``quick``: hidden 32), batch 64 (``quick``: 32), T = 8, 25 and 100
+    (``quick``: 8). Both steps take the same batch of digit intensities, rate-encode
+    it with :func:`stejax.snn.rate` inside the step (the same draws), run the
+    network, take the cross-entropy of the readout's membrane integrated over
+    time, and apply the same optax Adam object. The spike function is the same
+    rule in both: Spyx's default ``superspike(k=25)`` is ``1/(1 + 25|x|)^2``,
+    stejax's ``fast_sigmoid`` (slope 25).
+
+    Differences, stated: Spyx's LIF fires from the membrane of the previous step
+    and differentiates through its reset; stejax's fires from the current
+    membrane and stops the reset's gradient (its default). Spyx clips the decay to
+    [0, 1], stejax takes a sigmoid of a logit. Spyx's loss sums the membrane over
+    time, stejax's averages it (one division). Spyx runs its network step by step
+    inside one scan; stejax scans each layer with its input products batched over
+    time (:func:`stejax.snn.forward`). Spyx runs under JAX's standard promotion.
+
+    Returns:
+      ``(groups, notes)``: one group per T with variants ``"stejax"`` and
+      ``"spyx"`` and the ratio ``"stejax/spyx"``; no groups and a note when Spyx is
+      missing.
+    """
+    if importlib.util.find_spec("spyx") is None:
+        return [], ["Spyx not installed: pip install 'stejax[peers]' to time the spiking peer."]
+    import optax
+    import spyx
+    from flax import nnx
+
+    from stejax.data import load_digits
+    from stejax.snn import NetConfig, SNNTrainConfig, make_train_step, rate
+    from stejax.snn._network import init_net
+    from stejax.snn._train import make_optimizer
+
+    width, batch = (32, 32) if quick else (128, 64)
+    digits = load_digits()
+    x = jnp.asarray(np.clip(digits.x[:batch] / np.max(digits.x), 0, 1).astype(np.float32))
+    y = jnp.asarray(digits.y[:batch].astype(np.int32))
+    groups, notes = [], []
+    for n_steps in _STEPS_QUICK if quick else _STEPS_FULL:
+        config = SNNTrainConfig(n_steps=n_steps, batch_size=batch)
+        optimizer = make_optimizer(config, 20)
+        net = NetConfig(64, 10, hidden=(width, width), spike="fast_sigmoid")
+        params = init_net(net, key=jax.random.key(0))
+        ours = jax.jit(make_train_step(net, config, optimizer))
+        ours_state = optimizer.init(params)
+        # One fresh key per call, made before the timing; each variant draws the same sequence.
+        key_pool = list(jax.random.split(jax.random.key(n_steps), max(warmup, 1) + repeats))
+        ours_keys, theirs_keys = iter(key_pool), iter(key_pool)
+
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with standard_promotion():
+                rngs = nnx.Rngs(0)
+                model = spyx.nn.Sequential(
+                    nnx.Linear(64, width, rngs=rngs),
+                    spyx.nn.LIF((width,), rngs=rngs),
+                    nnx.Linear(width, width, rngs=rngs),
+                    spyx.nn.LIF((width,), rngs=rngs),
+                    nnx.Linear(width, 10, rngs=rngs),
+                    spyx.nn.LI((10,), rngs=rngs),
+                )
+            graphdef, spyx_params, rest = nnx.split(model, nnx.Param, ...)
+            loss_fn = spyx.fn.integral_crossentropy(smoothing=0.0, time_axis=0)
+
+            def spyx_step(
+                p, opt_state, x, y, key, graphdef=graphdef, rest=rest, loss_fn=loss_fn, n_steps=n_steps, opt=optimizer
+            ):
+                spikes_in = rate(x, n_steps, key=key)
+                with standard_promotion():
+
+                    def objective(p):
+                        traces, _ = spyx.nn.run(nnx.merge(graphdef, p, rest), spikes_in)
+                        return loss_fn(traces, y)
+
+                    value, grads = jax.value_and_grad(objective)(p)
+                    updates, opt_state = opt.update(grads, opt_state, p)
+                    return optax.apply_updates(p, updates), opt_state, value
+
+            theirs = jax.jit(spyx_step)
+            theirs_state = optimizer.init(spyx_params)
+            theirs.trace(spyx_params, theirs_state, x, y, jax.random.key(2))
+        notes += sorted({f"{w.category.__name__} from Spyx/Flax: {' '.join(str(w.message).split())}" for w in caught})
+
+        def call_ours(ours=ours, p=params, s=ours_state, k=ours_keys):
+            return ours(p, s, x, y, next(k))
+
+        def call_theirs(theirs=theirs, p=spyx_params, s=theirs_state, k=theirs_keys):
+            return theirs(p, s, x, y, next(k))
+
+        groups.append(
+            compare(
+                f"SNN training step, 2 x {width} LIF, batch {batch}, T = {n_steps}",
+                {"stejax": call_ours, "spyx": call_theirs},
+                repeats=repeats,
+                warmup=warmup,
+                ratios=[("stejax", "spyx")],
+                info={
+                    "network": f"64 -> {width} LIF -> {width} LIF -> 10 leaky integrator",
+                    "T": n_steps,
+                    "batch_size": batch,
+                    "spike function": "stejax fast_sigmoid(slope=25) == spyx superspike(k=25)",
+                    "spyx": importlib.metadata.version("spyx"),
+                    "differences": "Spyx fires from the previous step's membrane and differentiates its reset; "
+                    "stejax fires from the current membrane, stops the reset's gradient, and batches each "
+                    "layer's input products over time; Spyx sums the membrane over time, stejax averages it",
+                },
+            )
+        )
+    return groups, notes
