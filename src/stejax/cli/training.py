@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from stejax.cli._common import guarded, progress_bar
+from stejax.cli._common import epoch_line, guarded, progress_bar
 from stejax.cli.catalog import _catalog_table, _plot
 from stejax.estimators.catalog import CATALOG
 from stejax.render import catalog_markdown
@@ -119,7 +119,10 @@ def train_command(
         task = progress.add_task(config.preset, total=config.epochs)
 
         def on_epoch(record: Mapping[str, Any]) -> None:
-            progress.update(task, advance=1, description=f"{config.preset} val {100 * record['val_accuracy']:.1f}%")
+            line = epoch_line(record, config.epochs)
+            progress.update(task, advance=1, description=f"{config.preset} {line}")
+            if progress.disable:  # no bar (not a terminal): one line per epoch instead
+                console.print(Text(f"{config.preset} {line}"))
 
         result = guarded(lambda: train(config, out_dir=out, debug_keys=debug_keys or 0, on_epoch=on_epoch, **parallel))
     if result.key_check is not None:
