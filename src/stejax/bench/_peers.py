@@ -136,6 +136,11 @@ def peers_suite(*, repeats: int, warmup: int, quick: bool) -> dict[str, Any]:
 
     snn_groups, snn_notes = snn_peer_groups(repeats=repeats, warmup=warmup, quick=quick)
     notes += snn_notes
+    # Qwix's quantize_model beside stejax.flax's rules on the same NNX models (digits CNN, transformer block).
+    from stejax.bench._peers_rules import rules_peer_groups
+
+    rules_groups, rules_notes = rules_peer_groups(repeats=repeats, warmup=warmup, quick=quick)
+    notes += rules_notes
     return {
         "status": "ok",
         "note": "",
@@ -146,7 +151,7 @@ def peers_suite(*, repeats: int, warmup: int, quick: bool) -> dict[str, Any]:
             "flax": importlib.metadata.version("flax"),
             "qwix": importlib.metadata.version("qwix"),
         },
-        "groups": [group, *snn_groups],
+        "groups": [group, *snn_groups, *rules_groups],
         "notes": notes,
     }
 
