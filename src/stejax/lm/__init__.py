@@ -1,0 +1,37 @@
+"""A quantised byte-level transformer language model: corpus, references, model, training, comparison, export, sampling.
+
+Needs the optional extras ``stejax[flax]`` and ``stejax[train]``; ``import stejax``
+does not import it. Guide: ``docs/lm.md``.
+"""
+
+from stejax.lm._compare import FULL as FULL
+from stejax.lm._compare import QUICK as QUICK
+from stejax.lm._compare import TARGETS as TARGETS
+from stejax.lm._compare import CompareSettings as CompareSettings
+from stejax.lm._compare import compare_lm as compare_lm
+from stejax.lm._configs import CONFIGS as CONFIGS
+from stejax.lm._configs import LMQuant as LMQuant
+from stejax.lm._configs import quantised_paths as quantised_paths
+from stejax.lm._configs import quantize_lm as quantize_lm
+from stejax.lm._corpus import SPLITS as SPLITS
+from stejax.lm._corpus import Corpus as Corpus
+from stejax.lm._corpus import build_corpus as build_corpus
+from stejax.lm._corpus import check_disjoint as check_disjoint
+from stejax.lm._corpus import split_of as split_of
+from stejax.lm._model import LayerCache as LayerCache
+from stejax.lm._model import LMConfig as LMConfig
+from stejax.lm._model import Transformer as Transformer
+from stejax.lm._model import init_cache as init_cache
+from stejax.lm._quantisers import activation_quantiser as activation_quantiser
+from stejax.lm._quantisers import weight_quantiser as weight_quantiser
+from stejax.lm._references import compressor_bpb as compressor_bpb
+from stejax.lm._references import ngram_bpb as ngram_bpb
+from stejax.lm._references import references as references
+from stejax.lm._sample import Generation as Generation
+from stejax.lm._sample import generate as generate
+from stejax.lm._train import LMTrainResult as LMTrainResult
+from stejax.lm._train import TrainSettings as TrainSettings
+from stejax.lm._train import bits_per_byte as bits_per_byte
+from stejax.lm._train import load_checkpoint as load_checkpoint
+from stejax.lm._train import save_checkpoint as save_checkpoint
+from stejax.lm._train import train_lm as train_lm

@@ -1,0 +1,397 @@
+r"""``stejax lm compare``: float against every quantised configuration, on the same bytes and budget.
+
+Per seed: the float model trains for ``float_steps``; each QAT configuration
+starts from that checkpoint, is quantised by rules (:func:`stejax.lm.quantize_lm`)
+and fine-tunes for ``finetune_steps``; the float baseline continues for the same
+``finetune_steps`` on the same fine-tuning schedule, so every configuration sees
+``float_steps + finetune_steps`` steps in all. ``w1.58a8`` is also trained from
+scratch (quantised from initialisation) for that whole budget on the main
+schedule (``w1.58a8_scratch``). Everything is scored on the same test text (the
+first ``eval_bytes`` of the test split), as are the references.
+
+``delta_vs_float_pct`` is the relative increase of the mean test bits per byte
+over float's, :math:`100\,(b - b_{float}) / b_{float}`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import platform
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+from flax import nnx
+
+from stejax import keys
+from stejax.lm._configs import CONFIGS, SITES, quantize_lm
+from stejax.lm._corpus import build_corpus
+from stejax.lm._model import LMConfig, Transformer
+from stejax.lm._references import references
+from stejax.lm._sample import generate
+from stejax.lm._train import TrainSettings, bits_per_byte, train_lm
+
+__all__ = ["FULL", "QUICK", "TARGETS", "CompareSettings", "compare_lm", "write_report_md"]
+
+# Full tier targets: the relative bpb gap to float, in percent (at most).
+TARGETS = {"w8a8": 1.0, "w4a8": 2.0, "w4a4": 6.0, "w1.58a8": 6.0, "w2a8": 8.0}
+NO_STE_MARGIN_BPB = 0.2
+NGRAM_TARGET = "ngram-3"
+
+
+@dataclasses.dataclass(frozen=True)
+class CompareSettings:
+    """One tier of the comparison.
+
+    Attributes:
+      tier: a label (``"quick"``, ``"full"``).
+      model: the architecture.
+      float_steps: float pre-training steps.
+      finetune_steps: QAT (and float continuation) steps from the float checkpoint.
+      seeds: one run of everything per seed.
+      configs: configuration names (``float`` first).
+      scratch: configurations also trained from scratch for the whole budget.
+      batch_size: windows per step.
+      learning_rate: the float (and from-scratch) peak learning rate.
+      finetune_learning_rate: the fine-tuning peak learning rate.
+      eval_bytes: bytes of the test split scored (None: all of it).
+      eval_every: steps between validation evaluations.
+      corpus_max_bytes: cap on the corpus (None: all of it).
+      reference_context_bytes: the compressors' context (None: the whole training split).
+      prompt: the sampling prompt of the report.
+      sample_tokens: bytes sampled per configuration.
+    """
+
+    tier: str
+    model: LMConfig
+    float_steps: int
+    finetune_steps: int
+    seeds: tuple[int, ...] = (0,)
+    configs: tuple[str, ...] = tuple(CONFIGS)
+    scratch: tuple[str, ...] = ("w1.58a8",)
+    batch_size: int = 32
+    learning_rate: float = 3e-3
+    finetune_learning_rate: float = 1e-3
+    eval_bytes: int | None = 65536
+    eval_every: int = 100
+    corpus_max_bytes: int | None = None
+    reference_context_bytes: int | None = None
+    prompt: str = "def "
+    sample_tokens: int = 48
+
+    def __post_init__(self) -> None:
+        unknown = [c for c in (*self.configs, *self.scratch) if c not in CONFIGS]
+        if unknown:
+            raise ValueError(f"CompareSettings: unknown configuration(s) {unknown}; expected among {list(CONFIGS)}.")
+        if "float" not in self.configs:
+            raise ValueError("CompareSettings: configs must include 'float' (every delta is relative to it).")
+        if not self.seeds:
+            raise ValueError("CompareSettings: at least one seed is needed.")
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready fields."""
+        out = dataclasses.asdict(self)
+        out["model"] = self.model.to_dict()
+        return out
+
+    def replace(self, **changes: Any) -> CompareSettings:
+        """A copy with fields changed."""
+        return dataclasses.replace(self, **changes)
+
+
+QUICK = CompareSettings(
+    tier="quick",
+    model=LMConfig(context=64, width=64, depth=2, heads=2, hidden=160),
+    float_steps=300,
+    finetune_steps=100,
+    batch_size=16,
+    eval_bytes=16384,
+    eval_every=100,
+    reference_context_bytes=1 << 20,
+    sample_tokens=32,
+)
+
+FULL = CompareSettings(
+    tier="full",
+    model=LMConfig(),
+    float_steps=3000,
+    finetune_steps=1000,
+    seeds=(0, 1),
+    batch_size=32,
+    eval_bytes=None,
+    eval_every=250,
+    sample_tokens=64,
+)
+
+
+def _environment() -> dict[str, Any]:
+    import importlib.metadata as md
+
+    return {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "load_average_at_start": list(os.getloadavg()),
+        "devices": [str(d) for d in jax.devices()],
+        **{name: md.version(name) for name in ("jax", "jaxlib", "flax", "optax", "numpy")},
+    }
+
+
+def _fine_tune(settings: CompareSettings, steps: int, lr: float, warmup: int) -> TrainSettings:
+    return TrainSettings(
+        steps=steps,
+        batch_size=settings.batch_size,
+        learning_rate=lr,
+        warmup=warmup,
+        eval_every=min(settings.eval_every, steps),
+        eval_windows=32,
+    )
+
+
+def compare_lm(
+    settings: CompareSettings,
+    *,
+    out_dir: str | os.PathLike,
+    corpus: str | os.PathLike | None = None,
+    on_event: Callable[[Mapping[str, Any]], None] | None = None,
+) -> dict[str, Any]:
+    """Run the comparison and write ``report.json``, ``report.md`` and one run directory per training.
+
+    Returns:
+      The report (also in ``out_dir/report.json``): ``summary[cfg]`` with
+      ``test_bpb_mean``, ``test_bpb_std`` (population std over seeds, 0 for one
+      seed), ``delta_vs_float_pct`` and ``step_ms_median``; ``per_seed[cfg]``;
+      ``references``; ``targets``; ``samples``; ``corpus``; ``policy``;
+      ``settings``; ``environment``.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    emit = on_event or (lambda event: None)
+    started = time.perf_counter()
+    environment = _environment()
+    data = build_corpus(corpus, max_bytes=settings.corpus_max_bytes)
+    text = data.data["test"] if settings.eval_bytes is None else data.data["test"][: settings.eval_bytes]
+    emit({"event": "references"})
+    refs = references(data.data["train"], data.data["validation"], text, context_bytes=settings.reference_context_bytes)
+    names = [*settings.configs, *(f"{c}_scratch" for c in settings.scratch)]
+    per_seed: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
+    samples: dict[str, str] = {}
+    total = settings.float_steps + settings.finetune_steps
+    main = TrainSettings(
+        steps=settings.float_steps,
+        batch_size=settings.batch_size,
+        learning_rate=settings.learning_rate,
+        warmup=max(1, settings.float_steps // 20),
+        eval_every=min(settings.eval_every, settings.float_steps),
+        eval_windows=32,
+    )
+    finetune = _fine_tune(
+        settings, settings.finetune_steps, settings.finetune_learning_rate, settings.finetune_steps // 10
+    )
+    scratch = dataclasses.replace(
+        main, steps=total, warmup=max(1, total // 20), eval_every=min(settings.eval_every, total)
+    )
+    for seed in settings.seeds:
+        k_init, k_float, k_tune, k_scratch, k_sample = keys.split(jax.random.key(seed), 5, where=f"compare seed {seed}")
+        init_seed = int(jax.random.randint(keys.consume(k_init, where="init seed"), (), 0, 2**31 - 1))
+        fresh = Transformer(settings.model, rngs=nnx.Rngs(params=init_seed))
+        emit({"event": "train", "config": "float (pre-training)", "seed": seed, "steps": settings.float_steps})
+        base = train_lm(
+            fresh,
+            data.data["train"],
+            data.data["validation"],
+            main,
+            key=k_float,
+            out_dir=out / f"seed{seed}" / "float_base",
+        )
+        tune_keys = keys.split(k_tune, len(settings.configs), where="one fine-tuning key per configuration")
+        for name, k in zip(settings.configs, tune_keys, strict=True):
+            emit({"event": "train", "config": name, "seed": seed, "steps": settings.finetune_steps})
+            model = quantize_lm(base.model, name)
+            run = train_lm(
+                model, data.data["train"], data.data["validation"], finetune, key=k, out_dir=out / f"seed{seed}" / name
+            )
+            per_seed[name].append(_record(seed, run, text, base.history))
+            if seed == settings.seeds[0]:
+                samples[name] = _sample(run.model, settings, k_sample)
+        scratch_keys = keys.split(k_scratch, len(settings.scratch), where="one key per from-scratch configuration")
+        for name, k in zip(settings.scratch, scratch_keys, strict=True):
+            label = f"{name}_scratch"
+            emit({"event": "train", "config": label, "seed": seed, "steps": total})
+            model = quantize_lm(fresh, name)
+            run = train_lm(
+                model, data.data["train"], data.data["validation"], scratch, key=k, out_dir=out / f"seed{seed}" / label
+            )
+            per_seed[label].append(_record(seed, run, text, ()))
+            if seed == settings.seeds[0]:
+                samples[label] = _sample(run.model, settings, k_sample)
+    summary = _summary(per_seed)
+    report = {
+        "tier": settings.tier,
+        "summary": summary,
+        "per_seed": per_seed,
+        "references": refs,
+        "targets": _targets(summary, refs, settings),
+        "samples": {
+            "prompt": settings.prompt,
+            "key": "the last of 5 keys split from jax.random.key(first seed)",
+            "text": samples,
+        },
+        "corpus": {
+            **data.describe(),
+            "scored_bytes": int(text.size),
+            "scored": "the first eval_bytes of the test split",
+        },
+        "policy": {
+            "quantised": f"the nnx.Linear layers matching {SITES!r} (q, k, v, o, gate, up, down), weights and inputs",
+            "float": "embedding, RMSNorms, output head, attention products q.k and p.v, softmax",
+            "rmsnorm_before_each_quantised_input": True,
+            "mechanism": "stejax.flax.quantize_model with one Rule(SITES, kinds=('linear',), weights=..., inputs=...)",
+            "configs": {name: CONFIGS[name].description for name in CONFIGS},
+            "budget": f"float {settings.float_steps} steps, then {settings.finetune_steps} fine-tuning steps for every "
+            f"configuration (float continues); from scratch: {total} steps",
+        },
+        "settings": settings.to_dict(),
+        "environment": {**environment, "load_average_at_end": list(os.getloadavg())},
+        "seconds": time.perf_counter() - started,
+    }
+    (out / "report.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    write_report_md(report, out)
+    return report
+
+
+def _record(seed: int, run: Any, text: np.ndarray, before: tuple[dict[str, float], ...]) -> dict[str, Any]:
+    return {
+        "seed": seed,
+        "test_bpb": bits_per_byte(run.model, text),
+        "step_ms_median": run.step_ms_median,
+        "history": [*({**h, "phase": "float"} for h in before), *({**h, "phase": "this"} for h in run.history)],
+    }
+
+
+def _sample(model: nnx.Module, settings: CompareSettings, key: jax.Array) -> str:
+    prompt = settings.prompt.encode("utf-8")
+    tokens = min(settings.sample_tokens, settings.model.context - len(prompt))
+    # The same key for every configuration, on purpose: the samples differ only by the model.
+    with jax.debug_key_reuse(False):
+        return generate(model, prompt, tokens=tokens, key=key, temperature=0.8).text
+
+
+def _summary(per_seed: Mapping[str, list[dict[str, Any]]]) -> dict[str, dict[str, float]]:
+    out = {}
+    float_mean = float(np.mean([r["test_bpb"] for r in per_seed["float"]]))
+    for name, runs in per_seed.items():
+        bpb = np.array([r["test_bpb"] for r in runs])
+        out[name] = {
+            "test_bpb_mean": float(bpb.mean()),
+            "test_bpb_std": float(bpb.std()),
+            "delta_vs_float_pct": float(100 * (bpb.mean() - float_mean) / float_mean),
+            "step_ms_median": float(np.median([r["step_ms_median"] for r in runs])),
+        }
+    return out
+
+
+def _targets(
+    summary: Mapping[str, Mapping[str, float]], refs: Mapping[str, Any], settings: CompareSettings
+) -> dict[str, Any]:
+    rows = {}
+    if NGRAM_TARGET in refs:
+        rows[f"float < {NGRAM_TARGET}"] = {
+            "measured": summary["float"]["test_bpb_mean"],
+            "bound": refs[NGRAM_TARGET]["bpb"],
+            "met": summary["float"]["test_bpb_mean"] < refs[NGRAM_TARGET]["bpb"],
+        }
+    for name, bound in TARGETS.items():
+        if name in summary:
+            delta = summary[name]["delta_vs_float_pct"]
+            rows[f"{name} delta <= {bound}%"] = {"measured": delta, "bound": bound, "met": delta <= bound}
+    if "w4a8_no_ste" in summary:
+        ste = [n for n in summary if n not in ("float", "w4a8_no_ste") and not n.endswith("_scratch")]
+        if ste:
+            worst = max(summary[n]["test_bpb_mean"] for n in ste)
+            gap = summary["w4a8_no_ste"]["test_bpb_mean"] - worst
+            rows[f"w4a8_no_ste >= every STE configuration + {NO_STE_MARGIN_BPB} bpb"] = {
+                "measured": gap,
+                "bound": NO_STE_MARGIN_BPB,
+                "met": gap >= NO_STE_MARGIN_BPB,
+            }
+    return {
+        "tier": settings.tier,
+        "judged": settings.tier == "full" and len(settings.seeds) >= 2,
+        "note": "The targets are stated for the full tier (mean over at least 2 seeds); other tiers report them, "
+        "unjudged.",
+        "rows": rows,
+    }
+
+
+def write_report_md(report: Mapping[str, Any], out: Path) -> Path:
+    """Write ``report.md`` (and ``curves.png`` with matplotlib): the table, references, targets, curves, samples."""
+    lines = [f"# stejax lm compare ({report['tier']} tier)", ""]
+    lines += ["| configuration | test bpb (mean ± std) | Δ vs float | step ms (median) |", "|---|---|---|---|"]
+    for name, row in report["summary"].items():
+        lines.append(
+            f"| `{name}` | {row['test_bpb_mean']:.4f} ± {row['test_bpb_std']:.4f} | {row['delta_vs_float_pct']:+.2f}% "
+            f"| {row['step_ms_median']:.1f} |"
+        )
+    lines += ["", "References on the same bytes (bits per byte):", "", "| reference | bpb |", "|---|---|"]
+    lines += [f"| {name} | {value['bpb']:.4f} |" for name, value in report["references"].items()]
+    lines += [
+        "",
+        f"Targets ({'judged' if report['targets']['judged'] else 'not judged: ' + report['targets']['note']}):",
+        "",
+    ]
+    lines += ["| target | measured | bound | met |", "|---|---|---|---|"]
+    lines += [
+        f"| {k} | {v['measured']:.4f} | {v['bound']} | {v['met']} |" for k, v in report["targets"]["rows"].items()
+    ]
+    picture = _plot_curves(report, out)
+    if picture is not None:
+        lines += ["", f"![validation bits per byte by step]({picture.name})"]
+    lines += ["", f"Samples from the prompt {report['samples']['prompt']!r}, one key for all, temperature 0.8:", ""]
+    for name, sample in report["samples"]["text"].items():
+        lines += [f"**{name}**", "", "```text", report["samples"]["prompt"] + sample, "```", ""]
+    lines += [
+        "",
+        f"Policy: {report['policy']['quantised']} are quantised; {report['policy']['float']} stay float32.",
+        "",
+    ]
+    lines += [f"Corpus: {report['corpus']['source']}; sha256 {json.dumps(report['corpus']['sha256'])}.", ""]
+    path = out / "report.md"
+    path.write_text("\n".join(lines), encoding="utf-8")
+    return path
+
+
+def _plot_curves(report: Mapping[str, Any], out: Path) -> Path | None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:  # the report is complete without the picture
+        return None
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for name, runs in report["per_seed"].items():
+        history = runs[0]["history"]
+        steps, offset, xs, ys = [], 0, [], []
+        for h in history:
+            if h["phase"] == "float":
+                offset = max(offset, h["step"])
+        for h in history:
+            steps.append(h["step"] + (offset if h["phase"] == "this" else 0))
+            xs.append(steps[-1])
+            ys.append(h["val_bpb"])
+        ax.plot(xs, ys, label=name, marker=".")
+    ax.set_xlabel("step (float pre-training, then fine-tuning)")
+    ax.set_ylabel("validation bits per byte")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    path = out / "curves.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -1,0 +1,225 @@
+r"""``stejax lm export``: a trained run to an artifact of packed integer weights, and back to a model.
+
+An LM artifact is a directory, written atomically (a hidden temporary
+directory renamed into place; never overwritten), in the format of
+:mod:`stejax.artifacts`: ``weights.safetensors`` and ``manifest.json`` holding
+the sha256 and size of the weights file, the model, the configuration, one
+entry per tensor and the manifest's own integrity hash. :func:`load_lm_artifact`
+re-hashes everything and refuses a changed file with
+:class:`stejax.artifacts.ArtifactError`.
+
+Tensors: for each quantised linear ``P`` (``blocks/0/attn/q``), ``P/codes`` (its
+kernel's integer codes packed at their bit width, :mod:`stejax.lm._packing`)
+and ``P/scale`` (float32: one per output channel, per group of the contraction
+axis, or one per tensor for ternary); every other parameter (embedding, norms,
+head) as float32 under its own name. The dequantised kernel is
+``codes * scale`` (``codes / scale`` for ternary, BitNet's arithmetic), which
+is bit for bit the fake-quantised kernel the model trained with.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from stejax.lm._configs import CONFIGS, LMQuant, quantised_paths, quantize_lm
+from stejax.lm._model import LMConfig, Transformer
+from stejax.lm._packing import container_for, pack, packed_bytes, unpack
+from stejax.lm._quantisers import weight_scale
+
+__all__ = ["LM_FORMAT", "LMArtifact", "export_lm", "load_lm_artifact", "predicted_size"]
+
+LM_FORMAT = "stejax-lm-artifact/1"
+WEIGHTS = "weights.safetensors"
+
+
+def _codes_and_scale(kernel: np.ndarray, config: LMQuant) -> tuple[np.ndarray, np.ndarray]:
+    """Integer codes of a kernel ``(in, out)`` and the compact float32 scale, as the fake quantiser computes them."""
+    w = jnp.asarray(kernel, jnp.float32)
+    if config.weight_bits == 1.58:
+        from stejax.estimators.absmean import BITNET_EPS, _absmean_scale
+
+        s = _absmean_scale(w, BITNET_EPS)  # 1/gamma, as in the forward
+        return np.asarray(jnp.clip(jnp.round(w * s), -1, 1), np.int8), np.asarray(s, np.float32).reshape(())
+    bits = int(config.weight_bits)
+    full = weight_scale(w, bits, config.group)
+    codes = jnp.clip(jnp.round(w / full), -(2 ** (bits - 1)), 2 ** (bits - 1) - 1)
+    compact = full[0] if config.group is None else full[:: config.group]
+    return np.asarray(codes, np.int8), np.asarray(compact, np.float32)
+
+
+def _dequantise(codes: np.ndarray, scale: np.ndarray, config: LMQuant) -> jax.Array:
+    c = jnp.asarray(codes, jnp.float32)
+    if config.weight_bits == 1.58:
+        return c / jnp.asarray(scale)
+    s = jnp.asarray(scale)
+    full = s[None, :] if config.group is None else jnp.repeat(s, config.group, axis=0)
+    return c * full
+
+
+def _flat_params(model: nnx.Module) -> dict[str, np.ndarray]:
+    from stejax.train._step import leaf_name
+
+    pure = nnx.state(model, nnx.Param).to_pure_dict()
+    return {leaf_name(p): np.asarray(leaf, np.float32) for p, leaf in jax.tree_util.tree_flatten_with_path(pure)[0]}
+
+
+def _tensors(model: nnx.Module, config: LMQuant) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    params = _flat_params(model)
+    tensors: dict[str, np.ndarray] = {}
+    table: dict[str, Any] = {}
+    quantised = set(quantised_paths(model)) if config.weight_bits is not None else set()
+    for name, value in sorted(params.items()):
+        site = name.rsplit("/", 1)[0]
+        if site in quantised and name.endswith("/kernel"):
+            container = container_for(config.weight_bits)
+            codes, scale = _codes_and_scale(value, config)
+            tensors[f"{site}/codes"] = pack(codes, container)
+            tensors[f"{site}/scale"] = scale
+            table[site] = {
+                "container": container,
+                "shape": list(value.shape),
+                "scale_shape": list(scale.shape),
+                "group": config.group,
+                "dequantise": "codes / scale" if config.weight_bits == 1.58 else "codes * scale",
+                "bytes": packed_bytes(container, value.size),
+            }
+        else:
+            tensors[name] = value
+    return tensors, table
+
+
+def predicted_size(model: nnx.Module, config: LMQuant | str) -> dict[str, int]:
+    """The bytes of the weights file before writing it: ``{"weights_file": ..., "codes": ..., "float32": ...}``."""
+    from stejax.export._safetensors import file_size
+
+    config = CONFIGS[config] if isinstance(config, str) else config
+    tensors, table = _tensors(model, config)
+    meta = {"format": LM_FORMAT}
+    codes = sum(t["bytes"] for t in table.values())
+    return {
+        "weights_file": file_size({k: (v.shape, v.dtype) for k, v in tensors.items()}, meta),
+        "codes": codes,
+        "float32": sum(v.nbytes for k, v in tensors.items() if not k.endswith("/codes")),
+    }
+
+
+def export_lm(
+    model: nnx.Module, config: LMQuant | str, out: str | os.PathLike, *, extra: dict[str, Any] | None = None
+) -> Path:
+    """Write ``model`` (trained under ``config``) as an artifact directory ``out``.
+
+    Args:
+      model: the trained model (float or quantised; the float parameters are read).
+      config: its configuration (name or :class:`LMQuant`).
+      out: the artifact directory; must not exist.
+      extra: JSON-ready facts for the manifest (the run it came from, metrics).
+
+    Returns:
+      ``out``.
+
+    Raises:
+      FileExistsError: ``out`` exists.
+    """
+    from stejax.artifacts._store import environment, publish, sign, temp_dir_beside, write_file
+    from stejax.export._safetensors import encode
+
+    config = CONFIGS[config] if isinstance(config, str) else config
+    target = Path(out)
+    if target.exists():
+        raise FileExistsError(f"{target} exists; artifacts are never overwritten.")
+    tensors, table = _tensors(model, config)
+    data = encode(tensors, {"format": LM_FORMAT})
+    import hashlib
+
+    manifest = sign(
+        {
+            "format": LM_FORMAT,
+            "model": model.config.to_dict(),
+            "config": config.to_dict(),
+            "quantised": table,
+            "files": {WEIGHTS: {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}},
+            "predicted_weights_bytes": predicted_size(model, config)["weights_file"],
+            "environment": environment(),
+            "extra": extra or {},
+        }
+    )
+    tmp = temp_dir_beside(target, "lm-export")
+    write_file(tmp / WEIGHTS, data)
+    write_file(tmp / "manifest.json", (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode())
+    publish(tmp, target)
+    return target
+
+
+class LMArtifact:
+    """A loaded LM artifact: its manifest and the model rebuilt from the packed codes.
+
+    Attributes:
+      manifest: the verified manifest.
+      config: the :class:`LMQuant` configuration.
+      model: the model with the dequantised kernels and the configuration's
+        input quantisers (rules with no weight quantiser: the kernels are
+        already the fake-quantised values); what ``stejax lm sample`` runs.
+      float_model: the same dequantised weights with no quantiser at all.
+    """
+
+    def __init__(self, manifest: dict[str, Any], config: LMQuant, model: nnx.Module, float_model: nnx.Module):
+        self.manifest = manifest
+        self.config = config
+        self.model = model
+        self.float_model = float_model
+
+
+def load_lm_artifact(path: str | os.PathLike) -> LMArtifact:
+    """Verify and load :func:`export_lm`'s directory.
+
+    Raises:
+      stejax.artifacts.ArtifactError: a missing, changed or unlisted file, an
+        edited manifest, another format, or a tensor that does not fit the model.
+    """
+    from stejax.artifacts._store import ArtifactError, check_files, check_integrity, read_json
+    from stejax.export._safetensors import SafetensorsError, decode
+
+    root = Path(path)
+    manifest = read_json(root / "manifest.json")
+    check_integrity(manifest, root / "manifest.json")
+    if manifest.get("format") != LM_FORMAT:
+        raise ArtifactError(f"{root / 'manifest.json'}: format {manifest.get('format')!r}; expected {LM_FORMAT!r}.")
+    files = check_files(root, manifest.get("files"))
+    try:
+        tensors, _ = decode(files[WEIGHTS], str(root / WEIGHTS))
+    except SafetensorsError as e:
+        raise ArtifactError(str(e)) from None
+    config = LMQuant(**manifest["config"])
+    model_config = LMConfig(**manifest["model"])
+    model = Transformer(model_config, rngs=nnx.Rngs(0))
+    pure = nnx.state(model, nnx.Param).to_pure_dict()
+
+    def fill(p: Any, leaf: Any) -> jax.Array:
+        from stejax.train._step import leaf_name
+
+        name = leaf_name(p)
+        site = name.rsplit("/", 1)[0]
+        if site in manifest["quantised"] and name.endswith("/kernel"):
+            entry = manifest["quantised"][site]
+            codes = unpack(tensors[f"{site}/codes"], entry["container"], int(np.prod(entry["shape"])))
+            value = _dequantise(codes.reshape(entry["shape"]), tensors[f"{site}/scale"], config)
+        elif name in tensors:
+            value = jnp.asarray(tensors[name])
+        else:
+            raise ArtifactError(f"{root / WEIGHTS}: lacks {name!r}, a parameter of the model.")
+        if value.shape != np.shape(leaf):
+            raise ArtifactError(f"{root / WEIGHTS}: {name!r} has shape {value.shape}; expected {np.shape(leaf)}.")
+        return value
+
+    state = nnx.state(model, nnx.Param)
+    nnx.replace_by_pure_dict(state, jax.tree_util.tree_map_with_path(fill, pure))
+    nnx.update(model, state)
+    return LMArtifact(manifest, config, quantize_lm(model, config, weights=False), model)

@@ -1,0 +1,248 @@
+r"""A decoder-only byte-level transformer written with standard Flax NNX layers.
+
+Every product with a weight is an ``nnx.Linear`` (no bias), so that the model is
+quantised by rules (:func:`stejax.flax.quantize_model`) and not by a
+hand-quantised copy. Layout of one block (pre-norm, with an RMSNorm before
+*every* linear input, BitNet's "SubLN" placement, in every configuration):
+
+.. math::
+    h &= x + W_o\,\mathrm{N}_o(\mathrm{attn}(W_q \mathrm{N}(x), W_k \mathrm{N}(x), W_v \mathrm{N}(x))) \\
+    y &= h + W_{down}\,\mathrm{N}_d(\mathrm{silu}(W_{gate} \mathrm{N}'(h)) \odot W_{up} \mathrm{N}'(h))
+
+with causal softmax attention over rotary (or learned) positions, computed with
+``jnp.einsum``. The output head is its own ``nnx.Linear`` (``tied=False``) or
+the embedding table (``tied=True``, through ``nnx.Embed.attend``).
+
+Generation keeps a key-value cache (:class:`LayerCache` per block):
+:meth:`Transformer.extend` appends new tokens' keys and values and attends over
+the cache, so the prefix is never recomputed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+__all__ = ["LMConfig", "LayerCache", "Transformer", "init_cache", "rotary"]
+
+VOCAB = 256
+
+
+@dataclasses.dataclass(frozen=True)
+class LMConfig:
+    """The architecture.
+
+    Attributes:
+      context: the longest sequence (tokens), for learned positions and the cache.
+      width: the model width :math:`d`.
+      depth: the number of blocks.
+      heads: attention heads; ``width`` must be a multiple.
+      hidden: the MLP's hidden width (a multiple of 32, for int4 groups).
+      mlp: ``"swiglu"`` or ``"gelu"``.
+      positions: ``"rotary"`` or ``"learned"``.
+      tied: the output head shares the embedding table.
+    """
+
+    context: int = 128
+    width: int = 128
+    depth: int = 4
+    heads: int = 4
+    hidden: int = 352
+    mlp: str = "swiglu"
+    positions: str = "rotary"
+    tied: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("context", "width", "depth", "heads", "hidden"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"LMConfig: `{name}` must be an int >= 1; got {value!r}.")
+        if self.width % self.heads or (self.width // self.heads) % 2:
+            raise ValueError(
+                f"LMConfig: `width` ({self.width}) must be a multiple of `heads` ({self.heads}) with an even head "
+                "width (rotary positions rotate pairs)."
+            )
+        if self.mlp not in ("swiglu", "gelu"):
+            raise ValueError(f"LMConfig: `mlp` must be 'swiglu' or 'gelu'; got {self.mlp!r}.")
+        if self.positions not in ("rotary", "learned"):
+            raise ValueError(f"LMConfig: `positions` must be 'rotary' or 'learned'; got {self.positions!r}.")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields as a JSON-ready dict."""
+        return dataclasses.asdict(self)
+
+
+class LayerCache(NamedTuple):
+    """One block's key-value cache."""
+
+    keys: jax.Array  # float32 (batch, context, heads, head_width)
+    values: jax.Array  # float32 (batch, context, heads, head_width)
+
+
+def init_cache(config: LMConfig, batch: int) -> tuple[LayerCache, ...]:
+    """An empty cache (zeros) for ``batch`` sequences of up to ``config.context`` tokens."""
+    shape = (batch, config.context, config.heads, config.width // config.heads)
+    return tuple(LayerCache(jnp.zeros(shape, jnp.float32), jnp.zeros(shape, jnp.float32)) for _ in range(config.depth))
+
+
+def rotary(x: jax.Array, positions: jax.Array) -> jax.Array:
+    r"""Rotary position embedding (Su et al. 2021, RoFormer) on ``x`` of shape ``(batch, time, heads, d)``.
+
+    Pairs :math:`(x_{2i}, x_{2i+1})` are rotated by :math:`p\,\theta_i`,
+    :math:`\theta_i = 10000^{-2i/d}`, at position :math:`p`.
+    """
+    d = x.shape[-1]
+    theta = 10000.0 ** (-jnp.arange(0, d, 2, dtype=jnp.float32) / d)
+    angle = positions.astype(jnp.float32)[:, None] * theta[None, :]  # (time, d/2)
+    cos, sin = jnp.cos(angle)[None, :, None, :], jnp.sin(angle)[None, :, None, :]
+    even, odd = x[..., 0::2], x[..., 1::2]
+    return jnp.stack([even * cos - odd * sin, even * sin + odd * cos], axis=-1).reshape(x.shape)
+
+
+def _linear(n_in: int, n_out: int, rngs: nnx.Rngs) -> nnx.Linear:
+    return nnx.Linear(n_in, n_out, use_bias=False, rngs=rngs)
+
+
+class Attention(nnx.Module):
+    """Causal multi-head self-attention: q, k, v and output projections, an RMSNorm before the output one."""
+
+    def __init__(self, config: LMConfig, *, rngs: nnx.Rngs):
+        d = config.width
+        self.heads = config.heads
+        self.rotary = config.positions == "rotary"
+        self.q = _linear(d, d, rngs)
+        self.k = _linear(d, d, rngs)
+        self.v = _linear(d, d, rngs)
+        self.o_norm = nnx.RMSNorm(d, rngs=rngs)
+        self.o = _linear(d, d, rngs)
+
+    def __call__(
+        self, x: jax.Array, positions: jax.Array, cache: LayerCache | None, start: Any
+    ) -> tuple[jax.Array, LayerCache | None]:
+        b, t, d = x.shape
+        split = (b, t, self.heads, d // self.heads)
+        q, k, v = self.q(x).reshape(split), self.k(x).reshape(split), self.v(x).reshape(split)
+        if self.rotary:
+            q, k = rotary(q, positions), rotary(k, positions)
+        if cache is None:
+            keys, values, key_positions = k, v, positions
+        else:
+            keys = jax.lax.dynamic_update_slice(cache.keys, k, (0, start, 0, 0))
+            values = jax.lax.dynamic_update_slice(cache.values, v, (0, start, 0, 0))
+            key_positions = jnp.arange(keys.shape[1])
+            cache = LayerCache(keys, values)
+        scores = jnp.einsum("bqhd,bkhd->bhqk", q, keys) / math.sqrt(d // self.heads)
+        # Causal: a query sees keys at its own position and before (empty cache slots lie after).
+        visible = key_positions[None, :] <= positions[:, None]
+        scores = jnp.where(visible[None, None], scores, -jnp.inf)
+        weights = jax.nn.softmax(scores, axis=-1)
+        out = jnp.einsum("bhqk,bkhd->bqhd", weights, values).reshape(b, t, d)
+        return self.o(self.o_norm(out)), cache
+
+
+class MLP(nnx.Module):
+    """SwiGLU (gate, up, down) or GELU (up, down), with an RMSNorm before the down projection."""
+
+    def __init__(self, config: LMConfig, *, rngs: nnx.Rngs):
+        d, h = config.width, config.hidden
+        self.swiglu = config.mlp == "swiglu"
+        if self.swiglu:
+            self.gate = _linear(d, h, rngs)
+        self.up = _linear(d, h, rngs)
+        self.down_norm = nnx.RMSNorm(h, rngs=rngs)
+        self.down = _linear(h, d, rngs)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        u = jax.nn.silu(self.gate(x)) * self.up(x) if self.swiglu else jax.nn.gelu(self.up(x))
+        return self.down(self.down_norm(u))
+
+
+class Block(nnx.Module):
+    """One pre-norm transformer block."""
+
+    def __init__(self, config: LMConfig, *, rngs: nnx.Rngs):
+        self.attn_norm = nnx.RMSNorm(config.width, rngs=rngs)
+        self.attn = Attention(config, rngs=rngs)
+        self.mlp_norm = nnx.RMSNorm(config.width, rngs=rngs)
+        self.mlp = MLP(config, rngs=rngs)
+
+    def __call__(
+        self, x: jax.Array, positions: jax.Array, cache: LayerCache | None, start: Any
+    ) -> tuple[jax.Array, LayerCache | None]:
+        a, cache = self.attn(self.attn_norm(x), positions, cache, start)
+        h = x + a
+        return h + self.mlp(self.mlp_norm(h)), cache
+
+
+class Transformer(nnx.Module):
+    """The byte-level language model: embedding, blocks, final RMSNorm, output head.
+
+    Args:
+      config: the architecture.
+      rngs: ``nnx.Rngs`` with a ``params`` stream (a key from
+        :func:`stejax.keys.split`).
+
+    Example:
+      >>> import jax, jax.numpy as jnp
+      >>> from flax import nnx
+      >>> from stejax.lm import LMConfig, Transformer
+      >>> model = Transformer(LMConfig(context=16, width=32, depth=1, heads=2, hidden=64), rngs=nnx.Rngs(0))
+      >>> model(jnp.zeros((2, 16), jnp.uint8)).shape
+      (2, 16, 256)
+    """
+
+    def __init__(self, config: LMConfig, *, rngs: nnx.Rngs):
+        self.config = config
+        self.embed = nnx.Embed(VOCAB, config.width, rngs=rngs)
+        if config.positions == "learned":
+            self.position = nnx.Embed(config.context, config.width, rngs=rngs)
+        self.blocks = nnx.List([Block(config, rngs=rngs) for _ in range(config.depth)])
+        self.final_norm = nnx.RMSNorm(config.width, rngs=rngs)
+        if not config.tied:
+            self.head = _linear(config.width, VOCAB, rngs)
+
+    def _run(
+        self, tokens: jax.Array, start: Any, cache: tuple[LayerCache, ...] | None
+    ) -> tuple[jax.Array, tuple[LayerCache, ...] | None]:
+        tokens = jnp.asarray(tokens)
+        if tokens.ndim != 2 or not jnp.issubdtype(tokens.dtype, jnp.integer):
+            raise ValueError(
+                f"Transformer: tokens must be an integer array (batch, time); got {tokens.dtype} {tokens.shape}."
+            )
+        if tokens.shape[1] > self.config.context:
+            raise ValueError(
+                f"Transformer: {tokens.shape[1]} tokens exceed the context of {self.config.context}; "
+                "expected at most that many."
+            )
+        positions = start + jnp.arange(tokens.shape[1])
+        x = self.embed(tokens.astype(jnp.int32))
+        if self.config.positions == "learned":
+            x = x + self.position(positions)
+        new_cache = []
+        for i, block in enumerate(self.blocks):
+            x, layer_cache = block(x, positions, None if cache is None else cache[i], start)
+            new_cache.append(layer_cache)
+        x = self.final_norm(x)
+        logits = self.embed.attend(x) if self.config.tied else self.head(x)
+        return logits.astype(jnp.float32), (None if cache is None else tuple(new_cache))
+
+    def __call__(self, tokens: jax.Array) -> jax.Array:
+        """Logits ``(batch, time, 256)`` (float32) for byte tokens ``(batch, time)``, positions from 0."""
+        return self._run(tokens, 0, None)[0]
+
+    def extend(
+        self, tokens: jax.Array, cache: tuple[LayerCache, ...], start: Any
+    ) -> tuple[jax.Array, tuple[LayerCache, ...]]:
+        """Logits for ``tokens`` at positions ``start, start+1, ...`` given the cache of the earlier ones.
+
+        Returns the logits and the cache with these tokens' keys and values
+        written at their positions. ``start + time`` must not exceed the context.
+        """
+        logits, new_cache = self._run(tokens, start, cache)
+        assert new_cache is not None
+        return logits, new_cache

@@ -1,0 +1,100 @@
+r"""The language model's quantisers: integer weights and per-token absmax activations, with or without an STE.
+
+Each is a plain function ``f(x) -> y`` of the same shape and dtype, made from
+catalog estimators (:func:`stejax.round_ste`, :func:`stejax.absmean_ternary`),
+so a rule can hand it to a layer. Scales are computed from the current values
+under ``stop_gradient`` (dynamic, never trained).
+
+* weights, :math:`b` bits, symmetric: :math:`s = \max|w| / q_{\max}` per output
+  channel (the kernel ``(in, out)``'s last axis) or per group of :math:`g` along
+  the contraction axis; :math:`\hat w = s\,\operatorname{clip}(\operatorname{round}(w/s),
+  -q_{\max}-1, q_{\max})`, :math:`q_{\max} = 2^{b-1}-1` (for 2 bits the scale is
+  :math:`\max|w|/1.5` so that the four codes -2..1 cover the range).
+* activations, per token (each row over its last axis), as BitNet's
+  ``activation_quant``: :math:`s = q_{\max} / \max(\max|x|, 10^{-5})`,
+  :math:`\hat x = \operatorname{clip}(\operatorname{round}(x s), -q_{\max}-1, q_{\max}) / s`.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+
+from stejax.estimators.absmean import absmean_ternary
+from stejax.estimators.rounding import round_ste
+
+__all__ = ["activation_quantiser", "weight_quantiser", "weight_scale"]
+
+Quantiser = Callable[[jax.Array], jax.Array]
+
+
+def _round(ste: bool) -> Quantiser:
+    # Without an STE the rounding's true derivative (zero almost everywhere) is used.
+    return round_ste if ste else jnp.round
+
+
+def weight_scale(w: jax.Array, bits: int, group: int | None) -> jax.Array:
+    """The per-channel (``group=None``) or per-group scale of a kernel ``(in, out)``, broadcastable to it."""
+    a = jnp.abs(w)
+    if group is None:
+        m = jnp.max(a, axis=0, keepdims=True)
+    else:
+        n_in, n_out = w.shape
+        if n_in % group:
+            raise ValueError(f"weight_scale: group {group} does not divide the contraction axis of {w.shape}.")
+        m = jnp.repeat(jnp.max(a.reshape(n_in // group, group, n_out), axis=1), group, axis=0)
+    top = 1.5 if bits == 2 else 2 ** (bits - 1) - 1
+    return jnp.maximum(m, 1e-8) / top
+
+
+def _int_weights(w: jax.Array, *, bits: int, group: int | None, ste: bool) -> jax.Array:
+    s = jax.lax.stop_gradient(weight_scale(w, bits, group))
+    q = jnp.clip(_round(ste)(w / s), -(2 ** (bits - 1)), 2 ** (bits - 1) - 1)
+    return q * s
+
+
+def weight_quantiser(bits: float, *, group: int | None = None, ste: bool = True) -> Quantiser:
+    """The weight quantiser for ``bits`` (8, 4, 2; 1.58 for BitNet's absmean ternary).
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> q = weight_quantiser(4, group=2)
+      >>> q(jnp.array([[7.0, 1.0], [-3.5, 0.2], [1.0, 1.0], [0.5, 0.0]]))
+      Array([[ 7. ,  1. ],
+             [-3.5,  0.2],
+             [ 1. ,  1. ],
+             [ 0.5,  0. ]], dtype=float32)
+    """
+    if bits == 1.58:
+        if not ste:
+            raise ValueError("weight_quantiser: ternary weights without an STE are not a configuration.")
+        return absmean_ternary
+    if bits not in (2, 4, 8):
+        raise ValueError(f"weight_quantiser: bits must be 8, 4, 2 or 1.58; got {bits!r}.")
+    f = functools.partial(_int_weights, bits=int(bits), group=group, ste=ste)
+    f.__name__ = f"int{int(bits)}_weights" + (f"_g{group}" if group else "_per_channel") + ("" if ste else "_no_ste")  # type: ignore[attr-defined]
+    return f
+
+
+def _per_token(x: jax.Array, *, bits: int, ste: bool) -> jax.Array:
+    top = 2 ** (bits - 1) - 1
+    s = jax.lax.stop_gradient(top / jnp.maximum(jnp.max(jnp.abs(x), axis=-1, keepdims=True), 1e-5))
+    return jnp.clip(_round(ste)(x * s), -top - 1, top) / s
+
+
+def activation_quantiser(bits: int, *, ste: bool = True) -> Quantiser:
+    """Per-token absmax activations at ``bits`` (BitNet's ``activation_quant`` at 8).
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> activation_quantiser(8)(jnp.array([[1.0, -0.5, 0.001]]))
+      Array([[ 1.       , -0.503937 ,  0.       ]], dtype=float32)
+    """
+    if bits not in (4, 8):
+        raise ValueError(f"activation_quantiser: bits must be 8 or 4; got {bits!r}.")
+    f = functools.partial(_per_token, bits=int(bits), ste=ste)
+    f.__name__ = f"int{bits}_per_token" + ("" if ste else "_no_ste")  # type: ignore[attr-defined]
+    return f

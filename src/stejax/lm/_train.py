@@ -1,0 +1,360 @@
+r"""Training by steps: AdamW, warm-up and cosine decay, gradient clipping, one key stream, a non-finite guard.
+
+Each step draws ``batch_size`` windows of ``context + 1`` bytes at random
+offsets of the training stream (the key for step :math:`t` is split from the
+run's key with :func:`stejax.keys.split`), and minimises the mean next-byte
+cross-entropy. The learning rate rises linearly for ``warmup`` steps to
+``learning_rate`` and follows a cosine to ``min_lr_ratio * learning_rate`` at
+the last step. AdamW (:math:`\beta = (0.9, 0.95)`) decays the weights of
+matrices only (not norms). Gradients are clipped to a global norm.
+
+A step whose loss, gradient or input parameters are not finite stops the run
+with :class:`stejax.train.NonFiniteError` naming the step, the part and the
+first non-finite leaf (recomputed from the step's inputs), as the digits
+pipeline does; nothing is ever replaced by a number.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import math
+import os
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from stejax import keys
+from stejax.train import NonFiniteError, save_params
+
+__all__ = ["LMTrainResult", "TrainSettings", "bits_per_byte", "load_checkpoint", "save_checkpoint", "train_lm"]
+
+LN2 = math.log(2.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainSettings:
+    """How long and how fast to train.
+
+    Attributes:
+      steps: optimiser steps.
+      batch_size: windows per step.
+      learning_rate: the peak learning rate.
+      warmup: linear warm-up steps.
+      min_lr_ratio: the final learning rate over the peak.
+      weight_decay: AdamW's decoupled decay (matrices only).
+      clip: the global gradient-norm bound.
+      eval_every: steps between validation evaluations (and metrics lines).
+      eval_windows: validation windows per evaluation.
+    """
+
+    steps: int = 2000
+    batch_size: int = 32
+    learning_rate: float = 3e-3
+    warmup: int = 100
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.1
+    clip: float = 1.0
+    eval_every: int = 250
+    eval_windows: int = 64
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "batch_size", "eval_every", "eval_windows"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"TrainSettings: `{name}` must be an int >= 1; got {value!r}.")
+        if not (isinstance(self.warmup, int) and 0 <= self.warmup <= self.steps):
+            raise ValueError(f"TrainSettings: `warmup` must be an int in [0, steps={self.steps}]; got {self.warmup!r}.")
+        if not self.learning_rate > 0 or not self.clip > 0 or not 0 <= self.min_lr_ratio <= 1:
+            raise ValueError(
+                "TrainSettings: expected learning_rate > 0, clip > 0 and min_lr_ratio in [0, 1]; got "
+                f"{self.learning_rate}, {self.clip}, {self.min_lr_ratio}."
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready fields."""
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class LMTrainResult:
+    """What :func:`train_lm` returns.
+
+    Attributes:
+      model: the trained model (the last step's parameters).
+      history: one record per evaluation (``step``, ``train_loss``, ``val_bpb``,
+        ``learning_rate``, ``seconds``).
+      step_ms: wall milliseconds of each step after the first (which compiles).
+    """
+
+    model: nnx.Module
+    history: tuple[dict[str, float], ...]
+    step_ms: tuple[float, ...]
+
+    @property
+    def step_ms_median(self) -> float:
+        """The median step time in milliseconds (NaN if fewer than two steps)."""
+        return float(np.median(self.step_ms)) if self.step_ms else float("nan")
+
+
+def make_optimizer(settings: TrainSettings) -> tuple[optax.GradientTransformation, optax.Schedule]:
+    """Clipping, then AdamW on the warm-up + cosine schedule (decay on matrices only)."""
+    schedule = optax.warmup_cosine_decay_schedule(
+        init_value=0.0,
+        peak_value=settings.learning_rate,
+        warmup_steps=settings.warmup,
+        decay_steps=max(settings.steps, settings.warmup + 1),
+        end_value=settings.learning_rate * settings.min_lr_ratio,
+    )
+    return optax.chain(
+        optax.clip_by_global_norm(settings.clip),
+        optax.adamw(
+            schedule, b1=0.9, b2=0.95, weight_decay=settings.weight_decay, mask=lambda p: jax.tree.map(jnp.ndim, p)
+        ),
+    ), schedule
+
+
+def _windows(stream: jax.Array, starts: jax.Array, length: int) -> jax.Array:
+    return jax.vmap(lambda s: jax.lax.dynamic_slice(stream, (s,), (length,)))(starts)
+
+
+def _loss(graphdef: Any, params: Any, rest: Any, batch: jax.Array) -> jax.Array:
+    model = nnx.merge(graphdef, params, rest)
+    logits = model(batch[:, :-1])
+    return optax.softmax_cross_entropy_with_integer_labels(logits, batch[:, 1:].astype(jnp.int32)).mean()
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _nats(graphdef: Any, state: Any, x: jax.Array, y: jax.Array, weight: jax.Array) -> jax.Array:
+    """The summed next-byte cross-entropy (nats) of the weighted positions; one program per model structure."""
+    logits = nnx.merge(graphdef, state)(x)
+    return (optax.softmax_cross_entropy_with_integer_labels(logits, y) * weight).sum()
+
+
+def bits_per_byte(
+    model: nnx.Module, text: np.ndarray, *, batch_size: int = 32, max_windows: int | None = None
+) -> float:
+    """Mean bits per byte of ``model`` on ``text``: non-overlapping windows, every byte after the first scored.
+
+    Window :math:`w` feeds bytes :math:`[wL, (w+1)L)` and scores
+    :math:`[wL+1, (w+1)L]`, :math:`L` the model's context; the last, shorter
+    window is scored too.
+    """
+    length = model.config.context
+    text = np.asarray(text, np.uint8)
+    n = (text.size - 1 + length - 1) // length
+    if max_windows is not None:
+        n = min(n, max_windows)
+    graphdef, state = nnx.split(model)
+
+    total, count = 0.0, 0
+    padded = np.concatenate([text, np.zeros(length + 1, np.uint8)])
+    for first in range(0, n, batch_size):
+        rows = range(first, min(first + batch_size, n))
+        x = np.stack([padded[w * length : (w + 1) * length] for w in rows])
+        y = np.stack([padded[w * length + 1 : (w + 1) * length + 1] for w in rows]).astype(np.int32)
+        valid = np.stack([np.arange(w * length + 1, (w + 1) * length + 1) < text.size for w in rows])
+        if len(rows) < batch_size:  # pad the batch so that one program serves every call
+            extra = batch_size - len(rows)
+            x, y = np.pad(x, ((0, extra), (0, 0))), np.pad(y, ((0, extra), (0, 0)))
+            valid = np.pad(valid, ((0, extra), (0, 0)))
+        total += float(_nats(graphdef, state, jnp.asarray(x), jnp.asarray(y), jnp.asarray(valid, jnp.float32)))
+        count += int(valid.sum())
+    return total / max(count, 1) / LN2
+
+
+def train_lm(
+    model: nnx.Module,
+    train: np.ndarray,
+    validation: np.ndarray,
+    settings: TrainSettings,
+    *,
+    key: jax.Array,
+    out_dir: str | os.PathLike | None = None,
+    on_eval: Callable[[Mapping[str, float]], None] | None = None,
+) -> LMTrainResult:
+    """Train ``model`` (float or quantised) for ``settings.steps`` steps from its current parameters.
+
+    Args:
+      model: a :class:`stejax.lm.Transformer`, possibly quantised by
+        :func:`stejax.lm.quantize_lm`; not modified (a trained copy is returned).
+      train, validation: the byte streams (``uint8``).
+      settings: the schedule.
+      key: a typed PRNG key (``jax.random.key``); every step's batch key is
+        split from it.
+      out_dir: if given, ``metrics.jsonl`` (one line per evaluation) and
+        ``params.safetensors`` (the final parameters) are written there.
+      on_eval: called with each evaluation record (the CLI's progress bar).
+
+    Returns:
+      :class:`LMTrainResult`.
+
+    Raises:
+      NonFiniteError: a non-finite loss, gradient or parameter (the message
+        names the step and the leaf).
+      ValueError: a stream shorter than one window.
+    """
+    keys.check_key(key)
+    length = model.config.context + 1
+    for name, stream in (("train", train), ("validation", validation)):
+        if np.asarray(stream).size < length + 1:
+            raise ValueError(f"train_lm: the {name} stream has {np.asarray(stream).size} bytes; expected > {length}.")
+    optimizer, schedule = make_optimizer(settings)
+    graphdef, params, rest = nnx.split(nnx.clone(model), nnx.Param, ...)
+    opt_state = optimizer.init(params)
+    stream = jnp.asarray(np.asarray(train, np.uint8))
+    high = stream.size - length
+
+    @jax.jit
+    def step(params: Any, opt_state: Any, batch_key: jax.Array) -> tuple[Any, Any, jax.Array, jax.Array]:
+        starts = jax.random.randint(batch_key, (settings.batch_size,), 0, high)
+        batch = _windows(stream, starts, length)
+        loss, grads = jax.value_and_grad(_loss, argnums=1)(graphdef, params, rest, batch)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        finite = (
+            jnp.isfinite(loss)
+            & jnp.all(jnp.array([jnp.all(jnp.isfinite(g)) for g in jax.tree.leaves(grads)]))
+            & jnp.all(jnp.array([jnp.all(jnp.isfinite(p)) for p in jax.tree.leaves(params)]))
+        )
+        return optax.apply_updates(params, updates), opt_state, loss, finite
+
+    metrics_file = None
+    if out_dir is not None:
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        metrics_file = (out / "metrics.jsonl").open("w", encoding="utf-8")
+    history: list[dict[str, float]] = []
+    step_ms: list[float] = []
+    losses: list[jax.Array] = []
+    run_key = key
+    start = time.perf_counter()
+    try:
+        for t in range(1, settings.steps + 1):
+            run_key, batch_key = keys.split(run_key, where=f"train_lm: run -> run, step {t} batch")
+            tic = time.perf_counter()
+            new_params, opt_state, loss, finite = step(params, opt_state, keys.consume(batch_key, where=f"batch {t}"))
+            if not bool(finite):
+                _raise_nonfinite(t, float(loss), params, graphdef, rest, stream, batch_key, settings, length, high)
+            if t > 1:
+                step_ms.append(1000 * (time.perf_counter() - tic))
+            params = new_params
+            losses.append(loss)
+            if t % settings.eval_every == 0 or t == settings.steps:
+                current = nnx.merge(graphdef, params, rest)
+                record = {
+                    "step": t,
+                    "train_loss": float(np.mean(jax.device_get(losses))),
+                    "train_bpb": float(np.mean(jax.device_get(losses))) / LN2,
+                    "val_bpb": bits_per_byte(current, validation, max_windows=settings.eval_windows),
+                    "learning_rate": float(schedule(t)),
+                    "seconds": time.perf_counter() - start,
+                }
+                losses = []
+                history.append(record)
+                if metrics_file is not None:
+                    metrics_file.write(json.dumps(record) + "\n")
+                    metrics_file.flush()
+                if on_eval is not None:
+                    on_eval(record)
+    finally:
+        if metrics_file is not None:
+            metrics_file.close()
+    trained = nnx.merge(graphdef, params, rest)
+    if out_dir is not None:
+        save_checkpoint(trained, Path(out_dir) / "params.safetensors")
+    return LMTrainResult(model=trained, history=tuple(history), step_ms=tuple(step_ms))
+
+
+def _raise_nonfinite(
+    t: int,
+    loss: float,
+    params: Any,
+    graphdef: Any,
+    rest: Any,
+    stream: jax.Array,
+    batch_key: jax.Array,
+    settings,
+    length,
+    high,
+) -> None:
+    """Name the first non-finite parameter, else the loss, else the first non-finite gradient leaf."""
+    for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
+        if not np.isfinite(np.asarray(leaf)).all():
+            name = jax.tree_util.keystr(path)
+            raise NonFiniteError(
+                f"non-finite parameter at step {t}: the first non-finite leaf is params{name}; loss = {loss}. "
+                "The run stops rather than continue with NaN or inf.",
+                step=t,
+                part="parameter",
+                path=name,
+            )
+    if not math.isfinite(loss):
+        raise NonFiniteError(
+            f"non-finite loss at step {t}: loss = {loss} with finite parameters. Lower the learning rate or check "
+            "the data; the run stops rather than continue.",
+            step=t,
+            part="loss",
+            path="",
+        )
+    # Recompute the step's gradient from the same inputs (the same key: the same batch).
+    with keys.checked(jax_check=False), jax.debug_key_reuse(False):
+        starts = jax.random.randint(batch_key, (settings.batch_size,), 0, high)
+        grads = jax.grad(_loss, argnums=1)(graphdef, params, rest, _windows(stream, starts, length))
+    for path, leaf in jax.tree_util.tree_flatten_with_path(grads)[0]:
+        if not np.isfinite(np.asarray(leaf)).all():
+            name = jax.tree_util.keystr(path)
+            raise NonFiniteError(
+                f"non-finite gradient at step {t}: the first non-finite leaf is grads{name}; loss = {loss}.",
+                step=t,
+                part="gradient",
+                path=name,
+            )
+    raise NonFiniteError(f"non-finite step {t} that could not be located; loss = {loss}.", step=t, part="", path="")
+
+
+def _pure(model: nnx.Module) -> dict[str, Any]:
+    return nnx.state(model, nnx.Param).to_pure_dict()
+
+
+def save_checkpoint(model: nnx.Module, path: str | os.PathLike) -> Path:
+    """Write the model's ``nnx.Param`` values to a safetensors file (names: ``blocks/0/attn/q/kernel``)."""
+    return save_params(_pure(model), path)
+
+
+def load_checkpoint(model: nnx.Module, path: str | os.PathLike) -> nnx.Module:
+    """A copy of ``model`` with the parameters of :func:`save_checkpoint`'s file.
+
+    Raises:
+      ValueError: a parameter missing from the file, an extra one, or one of another shape (the message names it).
+    """
+    from safetensors.numpy import load_file
+
+    from stejax.train._step import leaf_name
+
+    tensors = load_file(str(path))
+    model = nnx.clone(model)
+    state = nnx.state(model, nnx.Param)
+    flat = jax.tree_util.tree_flatten_with_path(state.to_pure_dict())[0]
+    names = {leaf_name(p): (p, leaf) for p, leaf in flat}
+    extra = sorted(set(tensors) - set(names))
+    if extra:
+        raise ValueError(f"load_checkpoint: {path} holds {extra[0]!r}, not a parameter of this model.")
+    for name, (_, leaf) in names.items():
+        if name not in tensors:
+            raise ValueError(f"load_checkpoint: {path} lacks {name!r}; expected {sorted(names)[:4]}...")
+        if tensors[name].shape != np.shape(leaf):
+            raise ValueError(
+                f"load_checkpoint: {path}: {name!r} has shape {tensors[name].shape}; expected {np.shape(leaf)}."
+            )
+    pure = jax.tree_util.tree_map_with_path(lambda p, _: jnp.asarray(tensors[leaf_name(p)]), state.to_pure_dict())
+    nnx.replace_by_pure_dict(state, pure)
+    nnx.update(model, state)
+    return model

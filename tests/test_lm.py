@@ -1,0 +1,243 @@
+"""The language model: corpus split, references, causal mask, KV cache, identity rules, packing, export, training."""
+
+from __future__ import annotations
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from stejax.artifacts import ArtifactError
+from stejax.flax import Rule, quantize_model
+from stejax.lm import (
+    CONFIGS,
+    SPLITS,
+    LMConfig,
+    TrainSettings,
+    Transformer,
+    build_corpus,
+    check_disjoint,
+    compressor_bpb,
+    generate,
+    load_checkpoint,
+    ngram_bpb,
+    quantize_lm,
+    split_of,
+    train_lm,
+)
+from stejax.lm._configs import SITES
+from stejax.lm._export import _codes_and_scale, export_lm, load_lm_artifact, predicted_size
+from stejax.lm._packing import CONTAINERS, pack, unpack
+from stejax.train import NonFiniteError
+
+TINY = LMConfig(context=16, width=32, depth=1, heads=2, hidden=64)
+
+
+@pytest.fixture(scope="module")
+def tiny_model() -> Transformer:
+    return Transformer(TINY, rngs=nnx.Rngs(params=3))
+
+
+def _tokens(seed: int, shape: tuple[int, ...]) -> jax.Array:
+    return jnp.asarray(np.random.default_rng(seed).integers(0, 256, shape), jnp.uint8)
+
+
+# ----------------------------------------------------------------------------- corpus
+
+
+def test_corpus_split_is_deterministic_and_leak_free():
+    a = build_corpus(max_bytes=600_000)
+    b = build_corpus(max_bytes=600_000)
+    assert a.sha256 == b.sha256 and a.files == b.files
+    names = [n for s in SPLITS for n in a.files[s]]
+    assert len(names) == len(set(names)), "a file is in two splits"
+    for split in SPLITS:
+        assert a.data[split].size > 0
+        assert all(split_of(n) == split for n in a.files[split])
+    assert a.describe()["source"].startswith("jax ")
+
+
+def test_a_leak_is_caught():
+    with pytest.raises(ValueError, match=r"corpus leak: 'a.py' is in both 'train' and 'test'"):
+        check_disjoint({"train": ("a.py", "b.py"), "validation": (), "test": ("a.py",)})
+
+
+def test_directory_and_file_corpora(tmp_path):
+    root = tmp_path / "texts"
+    root.mkdir()
+    for i in range(60):
+        (root / f"f{i}.txt").write_text(f"line {i}\n" * 20)
+    (root / "blob.bin").write_bytes(b"\x00\x01" * 100)
+    corpus = build_corpus(root)
+    assert "blob.bin" not in [n for s in SPLITS for n in corpus.files[s]]
+    single = tmp_path / "one.txt"
+    single.write_bytes(b"x" * (70 * 65536))
+    assert sum(len(build_corpus(single).files[s]) for s in SPLITS) == 70
+    with pytest.raises(FileNotFoundError, match="no such file or directory"):
+        build_corpus(tmp_path / "missing")
+
+
+# ----------------------------------------------------------------------------- references
+
+
+def test_ngram_and_compressor_references():
+    rng = np.random.default_rng(0)
+    pattern = np.frombuffer(b"def f(x):\n    return x + 1\n" * 200, np.uint8)
+    noise = rng.integers(0, 256, 4000).astype(np.uint8)
+    assert ngram_bpb(pattern, pattern, pattern, 3)["bpb"] < 0.5
+    assert ngram_bpb(noise, noise, rng.integers(0, 256, 4000).astype(np.uint8), 1)["bpb"] > 7.5
+    assert compressor_bpb(pattern, pattern[:500], "xz") < 1.0
+    with pytest.raises(ValueError, match="unknown method 'gzip'"):
+        compressor_bpb(pattern, pattern, "gzip")
+
+
+# ----------------------------------------------------------------------------- model
+
+
+def test_causal_mask_a_future_byte_never_changes_an_earlier_logit(tiny_model):
+    x = _tokens(0, (2, TINY.context))
+    base = np.asarray(tiny_model(x))
+    for j in (1, 7, TINY.context - 1):
+        changed = np.asarray(tiny_model(x.at[:, j].set((x[:, j] + 1) % 256)))
+        np.testing.assert_array_equal(changed[:, :j], base[:, :j])
+        assert not np.array_equal(changed[:, j], base[:, j])
+
+
+@pytest.mark.parametrize("config", ["float", "w1.58a8"])
+def test_cached_and_uncached_generation_agree(tiny_model, config):
+    model = quantize_lm(tiny_model, config)
+    key = jax.random.key(1)
+    with jax.debug_key_reuse(False):
+        cached = generate(model, b"ab", tokens=10, key=key, temperature=1.0, cached=True)
+        full = generate(model, b"ab", tokens=10, key=key, temperature=1.0, cached=False)
+    assert cached.tokens == full.tokens
+    # The cached step multiplies one row where the full pass multiplies all: float32
+    # sums in another order, so the logits agree to rounding, not bit for bit.
+    np.testing.assert_allclose(cached.logits, full.logits, atol=2e-5, rtol=0)
+
+
+def test_generation_refuses_more_than_the_context(tiny_model):
+    with pytest.raises(ValueError, match="exceeds the model's context of 16"):
+        generate(tiny_model, b"abcd", tokens=13, key=jax.random.key(0))
+
+
+def test_identity_rules_reproduce_the_float_model_bit_for_bit(tiny_model):
+    x = _tokens(2, (2, TINY.context))
+    identity = quantize_model(tiny_model, [Rule(SITES, kinds=("linear",), weights=lambda w: w, inputs=lambda a: a)], x)
+    np.testing.assert_array_equal(np.asarray(identity(x)), np.asarray(tiny_model(x)))
+
+
+def test_configurations_quantise_the_block_linears_only(tiny_model):
+    x = _tokens(3, (1, TINY.context))
+    for name in CONFIGS:
+        q = quantize_lm(tiny_model, name)
+        same = np.array_equal(np.asarray(q(x)), np.asarray(tiny_model(x)))
+        assert same == (name == "float"), name
+    assert np.array_equal(
+        np.asarray(tiny_model.head.kernel[...]), np.asarray(quantize_lm(tiny_model, "w4a4").head.kernel[...])
+    )
+    with pytest.raises(KeyError, match="unknown LM configuration 'w3a3'"):
+        quantize_lm(tiny_model, "w3a3")
+
+
+def test_config_errors():
+    with pytest.raises(ValueError, match="must be a multiple of `heads`"):
+        LMConfig(width=10, heads=3)
+    with pytest.raises(ValueError, match="`mlp` must be 'swiglu' or 'gelu'"):
+        LMConfig(mlp="relu")
+
+
+# ----------------------------------------------------------------------------- packing
+
+
+def test_five_trits_per_byte_round_trip_every_one_of_the_243_values():
+    stored = np.arange(243, dtype=np.uint8)
+    codes = unpack(stored, "trit5", 243 * 5)
+    assert set(np.unique(codes).tolist()) == {-1, 0, 1}
+    np.testing.assert_array_equal(pack(codes, "trit5"), stored)
+    # Each byte is a distinct group of five codes: all 3**5 groups appear once.
+    assert len({tuple(g) for g in codes.reshape(243, 5).tolist()}) == 243
+    with pytest.raises(ValueError, match="byte 243 is not five trits"):
+        unpack(np.array([243], np.uint8), "trit5", 5)
+
+
+@pytest.mark.parametrize("container", sorted(CONTAINERS))
+@pytest.mark.parametrize("n", [1, 7, 64, 1001])
+def test_packed_formats_round_trip(container, n):
+    per, low, high = CONTAINERS[container]
+    codes = np.random.default_rng(n).integers(low, high + 1, n).astype(np.int8)
+    stored = pack(codes, container)
+    assert stored.size == -(-n // per)
+    np.testing.assert_array_equal(unpack(stored, container, n), codes)
+    with pytest.raises(ValueError, match=f"outside {container}'s range"):
+        pack(np.array([high + 1]), container)
+
+
+# ----------------------------------------------------------------------------- export
+
+
+@pytest.mark.parametrize("config", ["w4a8", "w2a8", "w1.58a8"])
+def test_export_round_trip_sizes_and_sampling_bound(tmp_path, tiny_model, config):
+    qmodel = quantize_lm(tiny_model, config)
+    art = export_lm(tiny_model, config, tmp_path / "art")
+    assert (art / "weights.safetensors").stat().st_size == predicted_size(tiny_model, config)["weights_file"]
+    loaded = load_lm_artifact(art)
+    # Dequantised codes are the fake-quantised kernels, bit for bit.
+    w = np.asarray(tiny_model.blocks[0].mlp.up.kernel[...])
+    fake = np.asarray(CONFIGS[config].quantisers()[0](jnp.asarray(w)))
+    np.testing.assert_array_equal(np.asarray(loaded.float_model.blocks[0].mlp.up.kernel[...]), fake)
+    codes, _ = _codes_and_scale(w, CONFIGS[config])
+    assert (
+        codes.min()
+        >= CONTAINERS[json.loads((art / "manifest.json").read_text())["quantised"]["blocks/0/mlp/up"]["container"]][1]
+    )
+    # Logits of the artifact's model against the fake-quantised model at every generation step.
+    key = jax.random.key(4)
+    with jax.debug_key_reuse(False):
+        a = generate(loaded.model, b"x", tokens=12, key=key)
+        b = generate(qmodel, b"x", tokens=12, key=key)
+    assert a.tokens == b.tokens
+    np.testing.assert_allclose(a.logits, b.logits, atol=1e-5, rtol=0)
+
+
+def test_artifact_tampering_is_refused(tmp_path, tiny_model):
+    art = export_lm(tiny_model, "w8a8", tmp_path / "art")
+    weights = art / "weights.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 1
+    weights.chmod(0o644)
+    weights.write_bytes(bytes(data))
+    with pytest.raises(ArtifactError, match="the file was changed"):
+        load_lm_artifact(art)
+    with pytest.raises(FileExistsError, match="never overwritten"):
+        export_lm(tiny_model, "w8a8", art)
+
+
+# ----------------------------------------------------------------------------- training
+
+
+def test_training_writes_metrics_and_a_checkpoint_that_reloads(tmp_path, tiny_model):
+    stream = np.frombuffer(b"abcabcabd" * 300, np.uint8)
+    settings = TrainSettings(steps=6, batch_size=4, warmup=1, eval_every=3, eval_windows=4)
+    result = train_lm(
+        quantize_lm(tiny_model, "w4a8"), stream, stream, settings, key=jax.random.key(0), out_dir=tmp_path
+    )
+    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in lines] == [3, 6] and all(np.isfinite(r["val_bpb"]) for r in lines)
+    reloaded = load_checkpoint(tiny_model, tmp_path / "params.safetensors")
+    x = _tokens(5, (1, TINY.context))
+    np.testing.assert_array_equal(np.asarray(quantize_lm(reloaded, "w4a8")(x)), np.asarray(result.model(x)))
+
+
+def test_the_non_finite_guard_names_the_parameter(tiny_model):
+    broken = nnx.clone(tiny_model)
+    kernel = broken.blocks[0].attn.v.kernel
+    kernel[...] = kernel[...].at[0, 0].set(jnp.nan)
+    stream = np.frombuffer(b"hello world " * 100, np.uint8)
+    settings = TrainSettings(steps=2, batch_size=2, warmup=0, eval_every=2, eval_windows=2)
+    with pytest.raises(NonFiniteError, match=r"non-finite parameter at step 1: .*'v'.*'kernel'") as info:
+        train_lm(broken, stream, stream, settings, key=jax.random.key(0))
+    assert info.value.part == "parameter"

@@ -1,0 +1,98 @@
+"""stejax lm compare's report.json shape on a tiny setting, and the lm commands end to end."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from stejax.cli import main
+from stejax.lm import QUICK, LMConfig, compare_lm
+
+TINY = LMConfig(context=16, width=32, depth=1, heads=2, hidden=64)
+
+
+@pytest.fixture(scope="module")
+def corpus_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("corpus")
+    rng = np.random.default_rng(0)
+    words = [b"def ", b"return ", b"x", b" = ", b"(", b")", b":\n", b"    ", b"jnp.", b"array"]
+    for i in range(80):
+        (root / f"m{i}.py").write_bytes(b"".join(words[j] for j in rng.integers(0, len(words), 300)))
+    return root
+
+
+def test_report_json_shape(tmp_path, corpus_dir):
+    settings = QUICK.replace(
+        model=TINY,
+        float_steps=3,
+        finetune_steps=2,
+        configs=("float", "w4a8_no_ste"),
+        scratch=("w1.58a8",),
+        batch_size=4,
+        eval_bytes=512,
+        eval_every=100,
+        reference_context_bytes=4096,
+        sample_tokens=3,
+    )
+    report = compare_lm(settings, out_dir=tmp_path, corpus=corpus_dir)
+    on_disk = json.loads((tmp_path / "report.json").read_text())
+    assert on_disk["summary"] == report["summary"]
+    assert set(report["summary"]) == {"float", "w4a8_no_ste", "w1.58a8_scratch"}
+    for row in report["summary"].values():
+        assert set(row) == {"test_bpb_mean", "test_bpb_std", "delta_vs_float_pct", "step_ms_median"}
+        assert all(np.isfinite(v) for v in row.values())
+    assert report["summary"]["float"]["delta_vs_float_pct"] == 0.0
+    assert [r["seed"] for r in report["per_seed"]["float"]] == [0]
+    assert {"ngram-1", "ngram-2", "ngram-3", "ngram-4", "zlib", "bz2", "xz"} == set(report["references"])
+    assert set(report["corpus"]["sha256"]) == {"train", "validation", "test"}
+    assert sum(len(v) for v in report["corpus"]["files"].values()) == 80
+    assert set(report["samples"]["text"]) == {"float", "w4a8_no_ste", "w1.58a8_scratch"}
+    assert report["targets"]["judged"] is False
+    assert "w4a8_no_ste >= every STE configuration + 0.2 bpb" not in report["targets"]["rows"]  # no STE config ran
+    assert {"python", "jax", "flax", "load_average_at_start"} <= set(report["environment"])
+    md = (tmp_path / "report.md").read_text()
+    assert "| `w1.58a8_scratch` |" in md and "ngram-3" in md
+    assert (tmp_path / "seed0" / "w4a8_no_ste" / "metrics.jsonl").exists()
+
+
+def test_train_export_sample_commands(tmp_path, corpus_dir):
+    runner = CliRunner()
+    shape = ["--context", "16", "--width", "32", "--depth", "1", "--heads", "2", "--hidden", "64"]
+    run = tmp_path / "run"
+    result = runner.invoke(
+        main,
+        [
+            "lm",
+            "train",
+            "--out",
+            str(run),
+            "--config",
+            "w1.58a8",
+            "--steps",
+            "2",
+            "--batch-size",
+            "2",
+            "--corpus",
+            str(corpus_dir),
+            *shape,
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    assert json.loads((run / "report.json").read_text())["config"] == "w1.58a8"
+    art = tmp_path / "art"
+    result = runner.invoke(main, ["lm", "export", str(run), "--out", str(art)])
+    assert result.exit_code == 0, result.output
+    size = (art / "weights.safetensors").stat().st_size
+    assert f"weights.safetensors {size} bytes (predicted {size})" in result.output
+    manifest = json.loads((art / "manifest.json").read_text())
+    assert {e["container"] for e in manifest["quantised"].values()} == {"trit5"}
+    result = runner.invoke(main, ["lm", "sample", "--artifact", str(art), "--prompt", "def ", "--tokens", "5"])
+    assert result.exit_code == 0, result.output
+    assert result.output.startswith("def ") and "tokens/s" in result.output
+    result = runner.invoke(main, ["lm", "sample", "--artifact", str(art), "--prompt", "def ", "--tokens", "13"])
+    assert result.exit_code == 2 and "exceeds the model's context of 16" in result.output
+    result = runner.invoke(main, ["lm", "compare", "--out", str(tmp_path / "c"), "--configs", "w3a3"])
+    assert result.exit_code == 2 and "unknown configuration(s) ['w3a3']" in result.output
