@@ -132,3 +132,24 @@ def test_export_says_the_next_command(run, tmp_path):
     assert result.exit_code == 0, result.output
     text = " ".join(result.output.split())
     assert f"next: stejax regress record {out}" in text
+
+
+ARTIFACT_CORRUPTIONS = {
+    "truncated weights": ("weights.safetensors", _truncate),
+    "pickled weights": ("weights.safetensors", _pickle),
+    "broken manifest": ("manifest.json", _break_json),
+}
+
+
+@pytest.mark.parametrize("corruption", list(ARTIFACT_CORRUPTIONS))
+@pytest.mark.parametrize("command", [("artifact", "verify"), ("regress", "check")])
+def test_a_corrupted_artifact_is_a_failed_verification_in_one_line(corruption, command, tmp_path):
+    # An artifact is verified as a whole (every file against its recorded sha256): a damaged file is
+    # the verification's verdict, exit 1, in one line naming the file.
+    name, corrupt = ARTIFACT_CORRUPTIONS[corruption]
+    artifact = copy_artifact("w2a2", tmp_path / "artifact")
+    corrupt(artifact / name)
+    result = _run(*command, artifact)
+    assert result.exit_code == 1, result.output
+    line = _one_line(result)
+    assert str(artifact / name) in line, line
