@@ -33,10 +33,10 @@ from stejax.data import Normalizer, Splits, load_digits, split
 from stejax.model import PRESETS, apply, check_params, init_params, param_spec, preset
 from stejax.train import (
     TARGETS,
+    TARGETS_SET_FOR,
     Batch,
     NonFiniteError,
     StepMetrics,
-    Target,
     TrainConfig,
     compare,
     compiled_update,
@@ -46,6 +46,7 @@ from stejax.train import (
     load_run,
     loss,
     make_optimizer,
+    paired_delta,
     raise_if_nonfinite,
     save_params,
     time_steps,
@@ -483,28 +484,49 @@ def test_optimizer_is_cached_per_recipe():
 
 
 def _summary(**accuracy):
-    return {
-        name: {"test_accuracy_mean": acc, "step_ms_median": 1.2 if name == "w4a4" else 1.0}
-        for name, acc in accuracy.items()
-    }
+    """A compare summary with two seeds per configuration, each 0.1 point either side of the given mean."""
+    per_seed = {name: [acc - 0.001, acc + 0.001] for name, acc in accuracy.items()}
+    out = {}
+    for name, accs in per_seed.items():
+        row = {"test_accuracy_mean": accuracy[name], "step_ratio_vs_float_p50": 1.2 if name == "w4a4" else 1.0}
+        if name != "float" and "float" in per_seed:
+            d = paired_delta(accs, per_seed["float"])
+            row.update(delta_vs_float_mean=d["mean"], delta_vs_float_se=d["se"], delta_vs_float_ci95=d["ci95"])
+        out[name] = row
+    return out
 
 
 def test_targets_are_judged_as_stated():
-    s = _summary(float=0.98, w8a8=0.978, w4a4=0.9765, w2a2=0.99, w1a32=0.969, w1a1=0.95, w4a4_no_ste=0.25)
+    s = _summary(float=0.98, w8a8=0.978, w4a4=0.9765, w2a2=0.99, w1a32=0.974, w1a1=0.965, w4a4_no_ste=0.25)
     results = {r["target"]: r for r in (t.evaluate(s) for t in TARGETS)}
     assert [t.preset for t in TARGETS] == ["float", "w8a8", "w4a4", "w2a2", "w1a32", "w1a1", "w4a4_no_ste", "w4a4"]
+    assert [t.threshold for t in TARGETS] == [98.0, -0.2, -0.3, -0.5, -0.5, -1.5, 25.0, 1.10]
     assert results["float >= 98%"]["met"]
-    assert results["w8a8 within 0.2 points of float"]["met"]  # exactly 0.2 points
-    assert not results["w4a4 within 0.3 points of float"]["met"]  # 0.35 points
-    assert results["w2a2 within 1.0 point of float"]["met"]  # above float
-    assert not results["w1a32 within 1.0 point of float"]["met"]
-    assert results["w1a1 within 3.0 points of float"]["met"]
+    assert results["w8a8 paired delta vs float >= -0.2 points"]["met"]  # exactly -0.2 points
+    assert not results["w4a4 paired delta vs float >= -0.3 points"]["met"]  # -0.35 points
+    assert results["w2a2 paired delta vs float >= -0.5 points"]["met"]  # above float
+    assert not results["w1a32 paired delta vs float >= -0.5 points"]["met"]  # -0.6
+    assert results["w1a1 paired delta vs float >= -1.5 points"]["met"]  # -1.5
     assert results["w4a4_no_ste at or below 25%"]["met"]
-    ratio = results["w4a4 step <= 1.15 x float step"]
+    ratio = results["w4a4 step <= 1.10 x float step"]
     assert ratio["value"] == pytest.approx(1.2) and not ratio["met"]
-    missing = Target("w8a8 within 0.2 points of float", "w8a8", "gap", 0.2).evaluate(_summary(w8a8=0.9))
+    missing = TARGETS[1].evaluate(_summary(w8a8=0.9))
     assert missing["met"] is None and missing["measured"] == "not run (needs w8a8, float)"
-    assert results["w2a2 within 1.0 point of float"]["measured"] == "1.00 points above float"
+    assert results["w2a2 paired delta vs float >= -0.5 points"]["measured"].startswith("+1.00 points vs float (95% CI")
+
+
+def test_paired_delta_matches_a_hand_computation():
+    acc, ref = [0.97, 0.99, 0.95, 0.98], [0.96, 0.99, 0.97, 0.965]
+    d = 100 * (np.array(acc) - np.array(ref))  # 1, 0, -2, 1.5
+    out = paired_delta(acc, ref)
+    se = d.std(ddof=1) / 2
+    assert out["mean"] == pytest.approx(0.125) and out["se"] == pytest.approx(se)
+    # t(0.975, 3) = 3.182446305284263 (tables); the interval is symmetric about the mean.
+    assert out["ci95"] == pytest.approx([0.125 - 3.182446305284263 * se, 0.125 + 3.182446305284263 * se])
+    one = paired_delta([0.9], [0.8])
+    assert one["mean"] == pytest.approx(10.0) and one["se"] is None and one["ci95"] is None
+    with pytest.raises(ValueError, match="equal, non-empty lists"):
+        paired_delta([0.9, 0.8], [0.9])
 
 
 def test_time_steps_interleaves_and_uses_fresh_keys():
@@ -528,39 +550,89 @@ def test_time_steps_interleaves_and_uses_fresh_keys():
     assert used == [0, 1, 0, 1, 2, 2, 3, 3, 4, 4]
 
 
-def test_compare_writes_the_report(tmp_path):
+@functools.cache
+def _small_digits():
+    digits = load_digits()
+    rows = np.sort(np.random.default_rng(0).choice(len(digits), 400, replace=False))
+    return dataclasses.replace(digits, x=digits.x[rows], y=digits.y[rows], name="digits-400")
+
+
+def test_compare_writes_the_report_with_a_split_per_seed_and_paired_deltas(tmp_path):
     report = compare(
-        ["float", "w4a4", "w4a4_no_ste"], seeds=2, base=TINY, out_dir=tmp_path, splits=_splits(), timing_repeats=3
+        ["float", "w4a4", "w4a4_no_ste"], seeds=2, base=TINY, out_dir=tmp_path, data=_small_digits(), timing_repeats=3
     )
     saved = json.loads((tmp_path / "report.json").read_text())
     assert saved == json.loads(json.dumps(report))
     assert list(saved["summary"]) == ["float", "w4a4", "w4a4_no_ste"]
-    for row in saved["summary"].values():
-        assert {"test_accuracy_mean", "test_accuracy_std", "step_ms_median"} <= set(row)
+    assert saved["setup"]["split"] == "per-seed" and saved["setup"]["split_seeds"] == [0, 1]
+    for name, row in saved["summary"].items():
+        assert {"test_accuracy_mean", "test_accuracy_std", "step_ms_median", "step_ratio_vs_float_p50"} <= set(row)
         assert len(row["test_accuracy_per_seed"]) == 2 and row["step_ms_median"] > 0
         assert row["test_accuracy_mean"] == pytest.approx(np.mean(row["test_accuracy_per_seed"]))
-    ratio = saved["summary"]["w4a4"]["step_ms_median"] / saved["summary"]["float"]["step_ms_median"]
-    assert saved["w4a4_over_float_step_ratio"] == pytest.approx(ratio)
-    env = saved["environment"]
-    assert {"device", "platform", "jax", "jaxlib", "seeds", "dtypes", "tolerances"} <= set(env)
-    assert env["seeds"] == [0, 1] and env["jax"] == jax.__version__
-    assert [r["seed"] for r in saved["runs"]["w4a4"]] == [0, 1]
+        assert [r["data_seed"] for r in saved["runs"][name]] == [0, 1]
+    float_acc = np.array(saved["summary"]["float"]["test_accuracy_per_seed"])
+    for name in ("w4a4", "w4a4_no_ste"):
+        row = saved["summary"][name]
+        d = 100 * (np.array(row["test_accuracy_per_seed"]) - float_acc)
+        assert row["delta_vs_float_per_seed"] == pytest.approx(d.tolist())
+        assert row["delta_vs_float_mean"] == pytest.approx(d.mean())
+        assert row["delta_vs_float_se"] == pytest.approx(d.std(ddof=1) / np.sqrt(2))
+        half = 12.706204736174698 * row["delta_vs_float_se"]  # t(0.975, 1)
+        assert row["delta_vs_float_ci95"] == pytest.approx([d.mean() - half, d.mean() + half])
+    assert "delta_vs_float_mean" not in saved["summary"]["float"]
+    # Each seed met its own split: the runs' test sets differ.
+    first = load_run(tmp_path / "runs" / "float" / "seed-0")
+    second = load_run(tmp_path / "runs" / "float" / "seed-1")
+    assert first.config.data_seed == 0 and second.config.data_seed == 1 and second.config.seed == 1
+    assert saved["environment"]["seeds"] == [0, 1] and saved["environment"]["jax"] == jax.__version__
     assert "w4a4: hidden layers weights 4-bit lsq" in saved["setup"]["qat"]["w4a4"]
+    assert saved["targets_set_for"] == TARGETS_SET_FOR and "model" in saved["recipe_differs_from_targets_recipe"]
     markdown = (tmp_path / "report.md").read_text()
-    for text in ("## Targets", "float >= 98%", "w4a4 step <= 1.15 x float step", "first layer", "jax "):
-        assert text in markdown
+    for text in (
+        "## Targets",
+        "float >= 98%",
+        "w4a4 step <= 1.10 x float step",
+        "first layer",
+        "jax ",
+        "split per seed",
+        f"The targets were set for {TARGETS_SET_FOR}",
+        "the targets are shown for reference",
+        "paired delta vs float",
+    ):
+        assert text in markdown, text
     n_test = saved["setup"]["data"]["n_test"]
     assert f"one test example is {100 / n_test:.2f} points of one seed's accuracy" in markdown
+    for target in saved["targets"]:
+        if target["met"] is not None:
+            assert f"| {target['target']} | {target['measured']} | {'yes' if target['met'] else '**no**'} |" in markdown
     for figure in saved["figures"].values():
         assert (tmp_path / figure).read_bytes().startswith(b"\x89PNG")
-    assert load_run(tmp_path / "runs" / "w4a4" / "seed-1").config.seed == 1
 
 
-def test_compare_rejects_unknown_presets_and_bad_seeds(tmp_path):
+def test_compare_with_one_fixed_split_and_one_seed_says_n_a(tmp_path):
+    report = compare(
+        ["float", "w8a8"], seeds=[3], base=TINY, out_dir=tmp_path, split="fixed", splits=_splits(), plots=False
+    )
+    assert report["setup"]["split"] == "fixed" and report["setup"]["split_seeds"] == [0]
+    assert report["runs"]["w8a8"][0]["data_seed"] == 0 and report["runs"]["w8a8"][0]["seed"] == 3
+    row = report["summary"]["w8a8"]
+    assert row["test_accuracy_std"] is None and row["delta_vs_float_se"] is None and row["delta_vs_float_ci95"] is None
+    markdown = (tmp_path / "report.md").read_text()
+    assert "± n/a" in markdown and "(se n/a)" in markdown and "shared by every seed" in markdown
+    assert "(one seed: no interval)" in markdown
+
+
+def test_compare_rejects_unknown_presets_bad_seeds_and_mixed_split_arguments(tmp_path):
     with pytest.raises(ValueError, match="unknown QAT preset 'w3a3'"):
         compare(["w3a3"], out_dir=tmp_path)
     with pytest.raises(ValueError, match="seeds must be a positive count"):
         compare(["float"], seeds=0, out_dir=tmp_path)
+    with pytest.raises(ValueError, match=r"split must be one of \['per-seed', 'fixed'\]; got 'random'"):
+        compare(["float"], split="random", out_dir=tmp_path)
+    with pytest.raises(ValueError, match="splits= is one shared split"):
+        compare(["float"], splits=_splits(), out_dir=tmp_path)
+    with pytest.raises(ValueError, match="data= is split per seed"):
+        compare(["float"], split="fixed", data=_small_digits(), out_dir=tmp_path)
 
 
 # ----------------------------------------------------------------------------- the CLI
@@ -616,12 +688,13 @@ def test_cli_train_reports_a_non_finite_run(runner, tmp_path, tiny_data, monkeyp
 
 def test_cli_compare_end_to_end(runner, tmp_path, tiny_data):
     out = tmp_path / "cmp"
-    args = ["compare", "--seeds", "1", "--epochs", "1", "--model", "mlp", "--configs", "float,w4a4"]
+    args = ["compare", "--seeds", "1", "--epochs", "1", "--model", "mlp", "--configs", "float,w4a4", "--split", "fixed"]
     result = runner.invoke(main, [*args, "--timing-repeats", "3", "--out", str(out)])
     assert result.exit_code == 0, result.output
     report = json.loads((out / "report.json").read_text())
-    assert list(report["summary"]) == ["float", "w4a4"]
-    assert "w4a4 within 0.3 points of float" in result.output and "report:" in result.output
+    assert list(report["summary"]) == ["float", "w4a4"] and report["setup"]["split"] == "fixed"
+    assert "n/a" in result.output  # one seed: no std
+    assert "w4a4 paired delta vs float >= -0.3 points" in result.output and "report:" in result.output
     assert Path(out / "report.md").exists()
 
 
@@ -642,6 +715,7 @@ def test_cli_demo_runs_the_comparison(runner, tmp_path, monkeypatch):
     result = runner.invoke(main, ["demo", "--out", str(tmp_path)])
     assert result.exit_code == 0, result.output
     ((names, kwargs),) = calls
-    assert names == PRESETS and kwargs["seeds"] == 5 and kwargs["out_dir"] == tmp_path
+    assert names == PRESETS and kwargs["seeds"] == 10 and kwargs["split"] == "per-seed"
+    assert kwargs["out_dir"] == tmp_path
     assert kwargs["base"] == TrainConfig()
     assert f"report: {(tmp_path / 'report.md').resolve()}" in result.output.replace("\n", "")

@@ -32,6 +32,16 @@ def _configs_option(function):
     )(function)
 
 
+def _split_option(function):
+    return click.option(
+        "--split",
+        type=click.Choice(["per-seed", "fixed"]),
+        default="per-seed",
+        show_default=True,
+        help="per-seed: seed s trains and is tested on its own split s; fixed: one split shared by every seed.",
+    )(function)
+
+
 @click.command("train")
 @click.option("--preset", "preset_name", default=None, metavar="NAME", help="A QAT preset (see `compare`).")
 @click.option(
@@ -145,7 +155,8 @@ def train_command(
 
 
 @click.command("compare")
-@click.option("--seeds", type=click.IntRange(min=1), default=5, show_default=True, help="Seeds per configuration.")
+@click.option("--seeds", type=click.IntRange(min=1), default=10, show_default=True, help="Seeds per configuration.")
+@_split_option
 @click.option("--epochs", type=click.IntRange(min=1), default=None, help="Override the number of epochs.")
 @click.option("--model", type=_MODEL_CHOICE, default=None, help="Override the model: mlp or cnn.")
 @_configs_option
@@ -163,16 +174,26 @@ def train_command(
     help="Folder for report.md, report.json, plots/ and runs/.",
 )
 def compare_command(
-    seeds: int, epochs: int | None, model: str | None, configs: str | None, timing_repeats: int, out: Path
+    seeds: int,
+    split: str,
+    epochs: int | None,
+    model: str | None,
+    configs: str | None,
+    timing_repeats: int,
+    out: Path,
 ) -> None:
     """Compare the QAT configurations over seeds and write the report.
 
     Trains float, w8a8, w4a4, w2a2, w1a32, w1a1 and w4a4_no_ste with the default
     recipe on the digits, times their jitted training steps side by side, and
     writes OUT/report.md (the targets and whether each is met), OUT/report.json
-    and the plots.
+    and the plots. Each configuration is compared with float paired by seed:
+    with --split per-seed (default) seed s trains and is tested on its own
+    split s; --split fixed shares one split among all seeds.
     """
-    _run_compare(Console(), out, seeds=seeds, epochs=epochs, model=model, configs=configs, repeats=timing_repeats)
+    _run_compare(
+        Console(), out, seeds=seeds, split=split, epochs=epochs, model=model, configs=configs, repeats=timing_repeats
+    )
 
 
 @click.command()
@@ -183,7 +204,8 @@ def compare_command(
     show_default=True,
     help="Folder for the demo's outputs.",
 )
-@click.option("--seeds", type=click.IntRange(min=1), default=5, show_default=True, help="Seeds per configuration.")
+@click.option("--seeds", type=click.IntRange(min=1), default=10, show_default=True, help="Seeds per configuration.")
+@_split_option
 @click.option("--epochs", type=click.IntRange(min=1), default=None, help="Override the number of epochs.")
 @_configs_option
 @click.option(
@@ -192,18 +214,18 @@ def compare_command(
     show_default=True,
     help="Also draw every estimator into OUT/plots and write OUT/catalog.md (as in docs/).",
 )
-def demo(out: Path, seeds: int, epochs: int | None, configs: str | None, catalog: bool) -> None:
+def demo(out: Path, seeds: int, split: str, epochs: int | None, configs: str | None, catalog: bool) -> None:
     """Run the main job: the QAT comparison on the digits, with its report in OUT.
 
     The same as `stejax compare --out OUT` with the default recipe: every QAT
-    configuration over 5 seeds, then OUT/report.md, OUT/report.json and the
+    configuration over 10 seeds, a split per seed, then OUT/report.md, OUT/report.json and the
     plots. A few minutes on two CPU cores.
     """
     console = Console()
     out.mkdir(parents=True, exist_ok=True)
     if catalog:
         _demo_catalog(console, out)
-    _run_compare(console, out, seeds=seeds, epochs=epochs, model=None, configs=configs, repeats=200)
+    _run_compare(console, out, seeds=seeds, split=split, epochs=epochs, model=None, configs=configs, repeats=200)
 
 
 def _train_config(cls, preset_name, config_file, **overrides):
@@ -275,7 +297,15 @@ def _check_coordinator(coordinator, num_processes, process_id):
 
 
 def _run_compare(
-    console: Console, out: Path, *, seeds: int, epochs: int | None, model: str | None, configs: str | None, repeats: int
+    console: Console,
+    out: Path,
+    *,
+    seeds: int,
+    split: str,
+    epochs: int | None,
+    model: str | None,
+    configs: str | None,
+    repeats: int,
 ) -> None:
     from stejax.model import PRESETS
     from stejax.train import TrainConfig, compare
@@ -290,7 +320,12 @@ def _run_compare(
             param_hint="--configs",
         )
     base = TrainConfig.from_dict({}, epochs=epochs, model=model)
-    console.print(Text(f"comparing {', '.join(names)} over {seeds} seed(s), {base.model}, up to {base.epochs} epochs"))
+    console.print(
+        Text(
+            f"comparing {', '.join(names)} over {seeds} seed(s), {split} split, {base.model}, "
+            f"up to {base.epochs} epochs"
+        )
+    )
     with progress_bar(console) as progress:
         task = progress.add_task("training", total=len(names) * seeds)
 
@@ -304,7 +339,9 @@ def _run_compare(
                 progress.update(task, description="timing the steps")
 
         report = guarded(
-            lambda: compare(names, seeds=seeds, base=base, out_dir=out, timing_repeats=repeats, on_event=on_event)
+            lambda: compare(
+                names, seeds=seeds, split=split, base=base, out_dir=out, timing_repeats=repeats, on_event=on_event
+            )
         )
     console.print(_compare_table(report))
     for target in report["targets"]:
@@ -316,13 +353,18 @@ def _run_compare(
 
 def _compare_table(report: Mapping[str, Any]) -> Table:
     table = Table(title="QAT comparison (test accuracy over seeds)")
-    for column in ("configuration", "test accuracy %", "std", "step ms"):
+    for column in ("configuration", "test accuracy %", "std", "delta vs float (se)", "step ms"):
         table.add_column(column, justify="left" if column == "configuration" else "right")
     for name, row in report["summary"].items():
+        std = row["test_accuracy_std"]
+        delta = row.get("delta_vs_float_mean")
+        se = row.get("delta_vs_float_se")
+        delta_text = "-" if delta is None else f"{delta:+.2f} ({'n/a' if se is None else f'{se:.2f}'})"
         table.add_row(
             Text(name),
             Text(f"{100 * row['test_accuracy_mean']:.2f}"),
-            Text(f"{100 * row['test_accuracy_std']:.2f}"),
+            Text("n/a" if std is None else f"{100 * std:.2f}"),
+            Text(delta_text),
             Text(f"{row['step_ms_median']:.3f}"),
         )
     return table

@@ -2,16 +2,21 @@
 
 Pure functions for one step (:func:`forward`, :func:`loss`, :func:`update`), a
 training loop with one explicit key stream, early stopping and a non-finite guard
-(:func:`train`), run directories written with safetensors and JSON
-(:func:`save_run`, :func:`load_run`), data-parallel training over a device
-mesh, on one host or many (:func:`data_mesh`, ``train(..., mesh=...)``), and the comparison of every QAT preset over
-seeds with its report (:func:`compare`). Needs the optional extra
+(:func:`train`; :func:`train_seeds` runs several seeds of one recipe as one
+program), run directories written with safetensors and JSON (:func:`save_run`,
+:func:`load_run`), data-parallel training over a device mesh, on one host or
+many (:func:`data_mesh`, ``train(..., mesh=...)``), and the comparison of every
+QAT preset over seeds, a split per seed, paired with float
+(:func:`compare`, :func:`paired_delta`). Needs the optional extra
 ``stejax[train]`` (optax, scikit-learn, safetensors; matplotlib for the plots).
 """
 
+from stejax.train._compare import SPLITS as SPLITS
 from stejax.train._compare import TARGETS as TARGETS
+from stejax.train._compare import TARGETS_SET_FOR as TARGETS_SET_FOR
 from stejax.train._compare import Target as Target
 from stejax.train._compare import compare as compare
+from stejax.train._compare import paired_delta as paired_delta
 from stejax.train._compare import time_steps as time_steps
 from stejax.train._config import TrainConfig as TrainConfig
 from stejax.train._config import make_optimizer as make_optimizer
@@ -32,6 +37,7 @@ from stejax.train._rundir import load_params as load_params
 from stejax.train._rundir import load_run as load_run
 from stejax.train._rundir import save_params as save_params
 from stejax.train._rundir import save_run as save_run
+from stejax.train._seeds import train_seeds as train_seeds
 from stejax.train._step import Batch as Batch
 from stejax.train._step import NonFiniteError as NonFiniteError
 from stejax.train._step import StepMetrics as StepMetrics

@@ -78,7 +78,7 @@ def _accuracy_vs_bits(plt, path: Path, summary) -> Path:
     for ax, rows in zip(axes, (summary, close), strict=True):
         for name, row in rows.items():
             bits = row["bits"]["weights"]
-            mean, std = 100 * row["test_accuracy_mean"], 100 * row["test_accuracy_std"]
+            mean, std = 100 * row["test_accuracy_mean"], 100 * (row["test_accuracy_std"] or 0.0)
             marker = "x" if name.endswith("no_ste") else ("s" if row["bits"]["activations"] == 32 else "o")
             ax.errorbar(bits, mean, yerr=std, fmt=marker, capsize=3)
             ax.annotate(name, (bits, mean), textcoords="offset points", xytext=(6, -3), fontsize=8)
