@@ -55,5 +55,6 @@ from stejax.snn._time import run as run
 from stejax.snn._train import SeedsResult as SeedsResult
 from stejax.snn._train import SNNTrainConfig as SNNTrainConfig
 from stejax.snn._train import load_seed_splits as load_seed_splits
+from stejax.snn._train import make_optimizer as make_optimizer
 from stejax.snn._train import make_train_step as make_train_step
 from stejax.snn._train import train_seeds as train_seeds
