@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from stejax.cli import main
-from stejax.vq import CONFIGURATIONS, CompareSettings
+from stejax.vq import CONFIGURATIONS, AutoencoderConfig, CompareSettings
 
 SUMMARY_KEYS = {
     "quantizer",
@@ -81,3 +81,11 @@ def test_unknown_configuration_is_refused():
     result = CliRunner().invoke(main, ["vq", "compare", "--quick", "--configs", "vq_bogus", "--out", "x"])
     assert result.exit_code == 2
     assert "unknown configuration(s) ['vq_bogus']" in result.output
+
+
+@pytest.mark.parametrize("quantizer", ["fsq", "gumbel_softmax_st"])
+def test_kmeans_dead_code_needs_a_codebook_quantizer(quantizer):
+    # Without a codebook there are no codes to initialise by k-means or replace: refused at construction
+    # (it used to fail with an AttributeError on None deep inside the jitted training).
+    with pytest.raises(ValueError, match="'kmeans_dead_code' needs a quantizer with a codebook"):
+        AutoencoderConfig("bad", quantizer, "kmeans_dead_code")

@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-from jax.typing import ArrayLike
+from jax.typing import ArrayLike, DTypeLike
 
 from stejax import keys
 from stejax.estimators.latent import vq_quantize, vq_ste
@@ -184,9 +184,16 @@ class Codebook:
             )
 
     @property
+    def _code_dim(self) -> int:
+        """``codebook_dim`` as an int: ``__post_init__`` fills in the default ``dim // heads``."""
+        if self.codebook_dim is None:  # only when __post_init__ was bypassed
+            raise ValueError("Codebook: `codebook_dim` is None; construct the Codebook through its __init__.")
+        return self.codebook_dim
+
+    @property
     def has_projection(self) -> bool:
         """Whether inputs are projected in and out (``heads * codebook_dim != dim``)."""
-        return self.heads * self.codebook_dim != self.dim
+        return self.heads * self._code_dim != self.dim
 
     @property
     def bits(self) -> float:
@@ -197,7 +204,7 @@ class Codebook:
     # Initialisation
     # ----------------------------------------------------------------------------------------
 
-    def init(self, *, key: jax.Array, dtype=jnp.float32) -> tuple[dict[str, Any], CodebookState]:
+    def init(self, *, key: jax.Array, dtype: DTypeLike = jnp.float32) -> tuple[dict[str, Any], CodebookState]:
         r"""Fresh parameters and statistics.
 
         Codes :math:`c_{kd} \sim \mathcal{N}(0, \sigma^2)`, :math:`\sigma` = ``init_scale`` (unit vectors for cosine);
@@ -210,13 +217,13 @@ class Codebook:
           projection, ``"project_in"`` and ``"project_out"`` (each ``{"w", "b"}``).
         """
         k_codes, k_in, k_out = keys.split(key, 3, where="Codebook.init: codes, project_in, project_out")
-        shape = (self.codebook_size, self.codebook_dim)
+        shape = (self.codebook_size, self._code_dim)
         codes = jax.random.normal(keys.consume(k_codes, where="Codebook.init codes"), shape, dtype) * self.init_scale
         if self.distance == "cosine":
             codes = l2_normalize(codes)
         params: dict[str, Any] = {"codes": codes}
         if self.has_projection:
-            wide = self.heads * self.codebook_dim
+            wide = self.heads * self._code_dim
             params["project_in"] = _dense_init(k_in, self.dim, wide, dtype)
             params["project_out"] = _dense_init(k_out, wide, self.dim, dtype)
         state = CodebookState(
@@ -245,7 +252,7 @@ class Codebook:
             raise ValueError(f"Codebook: the input must have shape (..., dim={self.dim}); got shape {z.shape}.")
         if self.has_projection:
             z = _affine(params["project_in"], z)
-        v = z.reshape((*z.shape[:-1], self.heads, self.codebook_dim))
+        v = z.reshape((*z.shape[:-1], self.heads, self._code_dim))
         return l2_normalize(v) if self.distance == "cosine" else v
 
     def quantize(self, params: dict[str, Any], z: ArrayLike) -> CodebookOutput:
@@ -255,7 +262,7 @@ class Codebook:
         # vq_ste gives the indices (ties to the lowest index) and both losses; the estimator gives q.
         vq = vq_ste(v, codes.astype(v.dtype))
         q = self.estimator(v, codes.astype(v.dtype))
-        flat = q.reshape((*q.shape[:-2], self.heads * self.codebook_dim))
+        flat = q.reshape((*q.shape[:-2], self.heads * self._code_dim))
         if self.has_projection:
             flat = _affine(params["project_out"], flat)
         chosen = jnp.take(codes, vq.indices, axis=0)
@@ -289,7 +296,7 @@ class Codebook:
     def decode(self, params: dict[str, Any], indices: ArrayLike) -> jax.Array:
         """The output ``(..., dim)`` that :meth:`quantize` gives for ``indices`` ``(..., heads)``."""
         q = self.indices_to_codes(params, indices)
-        flat = q.reshape((*q.shape[:-2], self.heads * self.codebook_dim))
+        flat = q.reshape((*q.shape[:-2], self.heads * self._code_dim))
         if self.has_projection:
             flat = _affine(params["project_out"], flat)
         return flat
@@ -306,7 +313,7 @@ class Codebook:
         Uses ``out.vectors`` and ``out.indices`` (no gradient flows through it).
         See the class docstring for the formulas.
         """
-        v = jax.lax.stop_gradient(out.vectors).reshape(-1, self.codebook_dim).astype(jnp.float32)
+        v = jax.lax.stop_gradient(out.vectors).reshape(-1, self._code_dim).astype(jnp.float32)
         onehot = jax.nn.one_hot(out.indices.reshape(-1), self.codebook_size, dtype=jnp.float32)
         counts = jnp.sum(onehot, axis=0)
         sums = onehot.T @ v
@@ -340,7 +347,7 @@ class Codebook:
         Returns:
           ``(params, state, replaced)`` with ``replaced`` a bool ``(K,)`` mask.
         """
-        v = jax.lax.stop_gradient(jnp.asarray(vectors)).reshape(-1, self.codebook_dim)
+        v = jax.lax.stop_gradient(jnp.asarray(vectors)).reshape(-1, self._code_dim)
         n = v.shape[0]
         dead = state.cluster_size < self.dead_code_threshold
         perm = jax.random.permutation(keys.consume(key, where="Codebook.replace_dead"), n)
@@ -366,7 +373,7 @@ class Codebook:
         at :math:`N_k` = the rows of the last assignment, :math:`m_k = N_k c_k`.
         Deterministic for a key.
         """
-        v = jax.lax.stop_gradient(jnp.asarray(vectors)).reshape(-1, self.codebook_dim).astype(jnp.float32)
+        v = jax.lax.stop_gradient(jnp.asarray(vectors)).reshape(-1, self._code_dim).astype(jnp.float32)
         means, counts = kmeans(v, self.codebook_size, key=key, iters=iters, cosine=self.distance == "cosine")
         params = {**params, "codes": means.astype(params["codes"].dtype)}
         return params, CodebookState(cluster_size=counts, embed_sum=means * counts[:, None])
@@ -415,6 +422,6 @@ def _affine(layer: dict[str, jax.Array], x: jax.Array) -> jax.Array:
     return y + layer["b"].reshape((1,) * (y.ndim - 1) + (-1,))
 
 
-def _dense_init(key: jax.Array, fan_in: int, fan_out: int, dtype) -> dict[str, jax.Array]:
+def _dense_init(key: jax.Array, fan_in: int, fan_out: int, dtype: DTypeLike) -> dict[str, jax.Array]:
     w = jax.random.normal(keys.consume(key, where="Codebook.init projection"), (fan_in, fan_out), dtype)
     return {"w": w / jnp.sqrt(jnp.asarray(fan_in, dtype)), "b": jnp.zeros((fan_out,), dtype)}

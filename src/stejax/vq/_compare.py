@@ -38,6 +38,8 @@ __all__ = [
 
 QUANTIZERS = ("vq_ste", "rotation_trick", "fsq", "gumbel_softmax_st", "no_gradient")
 CODEBOOKS = ("plain", "ema", "kmeans_dead_code", "none")
+# The quantisers that use a Codebook (the others have no codes to initialise or replace).
+CODEBOOK_QUANTIZERS = ("vq_ste", "rotation_trick", "no_gradient")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,6 +63,11 @@ class AutoencoderConfig:
         if self.codebook not in CODEBOOKS:
             raise ValueError(
                 f"AutoencoderConfig {self.name!r}: codebook must be one of {CODEBOOKS}; got {self.codebook!r}."
+            )
+        if self.codebook == "kmeans_dead_code" and self.quantizer not in CODEBOOK_QUANTIZERS:
+            raise ValueError(
+                f"AutoencoderConfig {self.name!r}: codebook 'kmeans_dead_code' needs a quantizer with a codebook, "
+                f"one of {CODEBOOK_QUANTIZERS}; got {self.quantizer!r}."
             )
 
 
@@ -292,6 +299,8 @@ def _run_one(m: _Model, key, x_train, x_test):
     cb = m.codebook
 
     if m.config.codebook == "kmeans_dead_code":
+        if cb is None:  # AutoencoderConfig allows kmeans_dead_code only with a codebook quantizer
+            raise ValueError(f"vq compare: {m.config.name!r} uses kmeans_dead_code but has no codebook.")
         k_pick, k_means = keys.split(k_kmeans, where="vq compare: kmeans examples, means")
         first = x_train[jax.random.permutation(keys.consume(k_pick, where="vq compare: kmeans examples"), n)]
         first = first[: s.kmeans_examples]
@@ -385,7 +394,9 @@ def _load(settings: CompareSettings):
     return x_train, x_test
 
 
-def references(x_train: np.ndarray, x_test: np.ndarray, *, seed: int, pca_components: int = 8, kmeans_codes: int = 256):
+def references(
+    x_train: np.ndarray, x_test: np.ndarray, *, seed: int, pca_components: int = 8, kmeans_codes: int = 256
+) -> dict[str, float]:
     """Test MSE of three non-learned-quantiser references fitted on one seed's training split.
 
     ``mean_image`` predicts the training mean; ``pca`` reconstructs from the top
@@ -518,7 +529,7 @@ def compare(
         t0 = time.perf_counter()
         r = _train_config(config, settings, x_train, x_test)
         seconds = time.perf_counter() - t0
-        rows = []
+        rows: list[dict[str, Any]] = []
         for i, seed in enumerate(settings.seeds):
             rows.append(
                 {

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.typing import ArrayLike
+from jax.typing import ArrayLike, DTypeLike
 
 from stejax.estimators.latent import fsq, fsq_codes_to_indices, fsq_indices_to_codes
 
@@ -117,6 +117,6 @@ class FSQ:
         """Indices ``(...)`` int32 of codes ``(..., len(levels))`` (:func:`stejax.fsq_codes_to_indices`)."""
         return fsq_codes_to_indices(codes, levels=self.levels)
 
-    def indices_to_codes(self, indices: ArrayLike, dtype=jnp.float32) -> jax.Array:
+    def indices_to_codes(self, indices: ArrayLike, dtype: DTypeLike = jnp.float32) -> jax.Array:
         """Codes ``(..., len(levels))`` of indices (:func:`stejax.fsq_indices_to_codes`)."""
         return fsq_indices_to_codes(indices, levels=self.levels, dtype=dtype)
