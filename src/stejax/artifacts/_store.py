@@ -379,7 +379,8 @@ def _expect(condition: bool, where: Path, message: str) -> None:
 
 def _layers_from_manifest(manifest: dict[str, Any], where: Path) -> tuple[tuple[LayerSpec, ...], tuple[int, ...], int]:
     contract = manifest.get("contract")
-    _expect(isinstance(contract, dict), where, "no 'contract' object.")
+    if not isinstance(contract, dict):
+        raise _fail(where, "no 'contract' object.")
     try:
         layers = tuple(LayerSpec.from_dict(d) for d in contract["layers"])
         model_config = model_config_from_dict(contract["model_config"])

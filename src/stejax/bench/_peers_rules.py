@@ -12,12 +12,15 @@ int8``, interleaved, and reports ``stejax int8 / qwix int8`` per round.
 from __future__ import annotations
 
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
 
 from stejax.bench._measure import compare, standard_promotion
+
+if TYPE_CHECKING:
+    from flax import nnx
 
 __all__ = ["rules_peer_groups"]
 
@@ -42,7 +45,7 @@ def rules_peer_groups(*, repeats: int, warmup: int, quick: bool) -> tuple[list[d
             jax.random.randint(key_y, (batch,), 0, 10),
         ),
         "transformer block": (
-            lambda: _Classifier(AttentionBlock(rngs=nnx.Rngs(0)), nnx),
+            lambda: _classifier(AttentionBlock(rngs=nnx.Rngs(0))),
             jax.random.normal(key_x, (batch // 4, 16, 32)),
             jax.random.randint(key_y, (batch // 4,), 0, 10),
         ),
@@ -91,16 +94,16 @@ def rules_peer_groups(*, repeats: int, warmup: int, quick: bool) -> tuple[list[d
     return groups, notes
 
 
-class _Classifier:
-    """A block and a mean-pooled linear head to 10 classes (built lazily so that nnx is imported by the caller)."""
+def _classifier(block: nnx.Module) -> nnx.Module:
+    """A block and a mean-pooled linear head to 10 classes (the class made here so that nnx is imported lazily)."""
+    from flax import nnx
 
-    def __new__(cls, block, nnx):
-        class Classifier(nnx.Module):
-            def __init__(self, block):
-                self.block = block
-                self.head = nnx.Linear(32, 10, rngs=nnx.Rngs(1))
+    class Classifier(nnx.Module):
+        def __init__(self, block: nnx.Module) -> None:
+            self.block = block
+            self.head = nnx.Linear(32, 10, rngs=nnx.Rngs(1))
 
-            def __call__(self, x):
-                return self.head(jnp.mean(self.block(x), axis=1))
+        def __call__(self, x: jax.Array) -> jax.Array:
+            return self.head(jnp.mean(self.block(x), axis=1))
 
-        return Classifier(block)
+    return Classifier(block)

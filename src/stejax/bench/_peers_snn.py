@@ -87,7 +87,9 @@ def snn_peer_groups(*, repeats: int, warmup: int, quick: bool) -> tuple[list[dic
                     nnx.Linear(width, 10, rngs=rngs),
                     spyx.nn.LI((10,), rngs=rngs),
                 )
-            graphdef, spyx_params, rest = nnx.split(model, nnx.Param, ...)
+            # nnx.split returns one State per filter: here two, though its annotation says "one or more".
+            graphdef, spyx_params, *others = nnx.split(model, nnx.Param, ...)
+            (rest,) = others
             loss_fn = spyx.fn.integral_crossentropy(smoothing=0.0, time_axis=0)
 
             def spyx_step(

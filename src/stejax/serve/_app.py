@@ -105,7 +105,11 @@ def create_app(source: ModelSource, config: ServeConfig | None = None) -> Starle
         metrics.latency.observe(elapsed)
         # Status, time and the refusal's message (which names positions and kinds, never values).
         if logger.isEnabledFor(logging.DEBUG):
-            detail = f": {json.loads(response.body)['error']}" if response.status_code >= 400 and response.body else ""
+            detail = (
+                f": {json.loads(bytes(response.body))['error']}"
+                if response.status_code >= 400 and response.body
+                else ""
+            )
             logger.debug("/v1/predict %d in %.2f ms%s", response.status_code, elapsed * 1e3, detail)
         return response
 
@@ -116,8 +120,9 @@ def create_app(source: ModelSource, config: ServeConfig | None = None) -> Starle
         return JSONResponse({"status": "alive"})
 
     async def readyz(request: Request) -> Response:
-        if service.ready:
-            return JSONResponse({"status": "ready", "model_version": service.live.version})
+        live = service.live  # ready exactly when a model is live
+        if live is not None:
+            return JSONResponse({"status": "ready", "model_version": live.version})
         body: dict[str, Any] = {"status": service.state}
         if service.failure:
             body["detail"] = service.failure
@@ -159,7 +164,7 @@ def _admin_routes(service: Service, token: bytes) -> list[Route]:
         return _error(401, "admin: expected Authorization: Bearer <admin token>.", **{"WWW-Authenticate": "Bearer"})
 
     def swap_response(result: SwapResult) -> Response:
-        body = {
+        body: dict[str, str | list[str] | None] = {
             "status": "swapped" if result.swapped else "refused",
             "model_version": result.version,
             "previous_version": result.previous,

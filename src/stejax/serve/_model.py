@@ -13,6 +13,8 @@ import numpy as np
 
 __all__ = ["CompiledModel", "Prediction", "ServedModel", "compile_model", "served_model_from_artifact"]
 
+_FLOAT32 = np.dtype(np.float32)
+
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class ServedModel:
@@ -37,7 +39,7 @@ class ServedModel:
     weights: Any
     input_shape: tuple[int, ...]
     n_classes: int
-    input_dtype: np.dtype = np.float32  # any dtype-like; stored as np.dtype
+    input_dtype: np.dtype = _FLOAT32  # any dtype-like; stored as np.dtype
     path: Path | None = None
 
     def __post_init__(self):

@@ -6,7 +6,7 @@ import asyncio
 import dataclasses
 import logging
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -93,10 +93,13 @@ class Service:
         self._device = ThreadPoolExecutor(workers, thread_name_prefix="stejax-device")
         self._admin = ThreadPoolExecutor(1, thread_name_prefix="stejax-admin")
         if self.config.micro_batching:
+            max_queued_rows = self.config.max_queued_rows
+            if max_queued_rows is None:  # ServeConfig.__post_init__ replaces None with the default bound
+                raise ValueError("Service: expected ServeConfig.max_queued_rows resolved to an int; got None.")
             self._batcher = MicroBatcher(
                 max_rows=self.config.max_bucket,
                 wait_s=self.config.batch_wait_ms / 1000,
-                max_queued_rows=self.config.max_queued_rows,
+                max_queued_rows=max_queued_rows,
                 executor=self._device,
                 on_batch=self._on_batch,
             )
@@ -168,7 +171,7 @@ class Service:
             raise RequestError(503, f"not ready: {self.state}; see /readyz.", invalid_input=False)
         batcher = self._batcher
         announced = batcher is not None
-        if announced:
+        if batcher is not None:
             batcher.arriving()
         try:
             body = await read_body()
@@ -191,13 +194,15 @@ class Service:
             except Overloaded as error:
                 raise RequestError(503, f"overloaded: {error} Retry shortly.", invalid_input=False) from None
         finally:
-            if announced:
+            if announced and batcher is not None:
                 batcher.arrived()
         if len(parts) == 1:
             prediction = parts[0]
         else:
             prediction = Prediction(
-                *(np.concatenate([getattr(p, f) for p in parts]) for f in ("logits", "probabilities", "classes")),
+                np.concatenate([p.logits for p in parts]),
+                np.concatenate([p.probabilities for p in parts]),
+                np.concatenate([p.classes for p in parts]),
                 bucket=max(p.bucket for p in parts),
             )
         finite = np.isfinite(prediction.logits).all(axis=1) & np.isfinite(prediction.probabilities).all(axis=1)
@@ -228,7 +233,8 @@ class Service:
         Raises:
           Busy: another reload or rollback is running.
         """
-        return await self._exclusive(self._reload(Path(path)))
+        target = Path(path)
+        return await self._exclusive(lambda old: self._reload(old, target))
 
     async def rollback(self) -> SwapResult:
         """Make the previous verified model live again (see the source's ``rollback``).
@@ -236,13 +242,15 @@ class Service:
         Raises:
           Busy: another reload or rollback is running.
         """
-        return await self._exclusive(self._rollback())
+        return await self._exclusive(self._rollback)
 
-    async def _exclusive(self, coroutine) -> SwapResult:
-        if self._swapping or self.live is None:
-            coroutine.close()
-            raise Busy("a reload or rollback is running" if self.live is not None else f"not ready: {self.state}")
+    async def _exclusive(self, swap: Callable[[CompiledModel], Coroutine[Any, Any, SwapResult]]) -> SwapResult:
+        """Run ``swap(live model)`` unless a swap is running or no model is live yet."""
+        old = self.live
+        if self._swapping or old is None:
+            raise Busy("a reload or rollback is running" if old is not None else f"not ready: {self.state}")
         self._swapping = True  # set before the first await: a second caller sees it at once
+        coroutine = swap(old)
 
         async def run() -> SwapResult:
             try:
@@ -253,8 +261,7 @@ class Service:
         # Shielded: a client that disconnects does not cancel a verification half-way.
         return await asyncio.shield(self._spawn(run()))
 
-    async def _reload(self, path: Path) -> SwapResult:
-        old = self.live
+    async def _reload(self, old: CompiledModel, path: Path) -> SwapResult:
         logger.info("stejax serve: reload: verifying %s", path)
         try:
             compiled = await self._off_loop(self._verified_compiled, self.source.candidate, path)
@@ -267,8 +274,7 @@ class Service:
         self._make_live(compiled)
         return self._swapped("swapped", old, compiled)
 
-    async def _rollback(self) -> SwapResult:
-        old = self.live
+    async def _rollback(self, old: CompiledModel) -> SwapResult:
         history = [c.model for c in self.history]
         try:
             model = await self._off_loop(self.source.rollback, old.model, history)
