@@ -18,7 +18,7 @@ import jax.numpy as jnp
 
 from stejax.bench._measure import compare, standard_promotion
 from stejax.data import Normalizer
-from stejax.model import init_params, preset
+from stejax.model import MLPConfig, init_params, preset
 
 __all__ = ["peers_suite"]
 
@@ -73,6 +73,8 @@ def peers_suite(*, repeats: int, warmup: int, quick: bool) -> dict[str, Any]:
     y = jnp.asarray(splits.train.y[: config.batch_size])
     optimizer = make_optimizer(config, len(splits.train) // config.batch_size)
     model_config = config.model_config(splits.train)
+    if not isinstance(model_config, MLPConfig):  # model="mlp" above
+        raise TypeError(f"peers: expected an MLPConfig for model='mlp'; got {type(model_config).__name__}.")
     sizes = (model_config.in_features, *model_config.hidden, model_config.n_classes)
 
     calls = {}
