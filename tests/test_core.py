@@ -285,3 +285,14 @@ def test_a_derivative_that_broadcasts_is_accepted():
     for d in (lambda x: jnp.float32(0.5), lambda x: jnp.full_like(x, 0.5)):
         est = stejax.surrogate(jnp.round, d, name="half_slope")
         assert jax.grad(lambda x, est=est: est(x).sum())(jnp.ones(3)).tolist() == [0.5] * 3
+
+
+def test_an_unhashable_callable_rule_works():
+    class Ones:
+        __hash__ = None  # a callable object that cannot be a cache key
+
+        def __call__(self, x):
+            return jnp.ones_like(x)
+
+    est = stejax.surrogate(jnp.round, Ones(), name="ones")
+    assert jax.grad(lambda x: est(x).sum())(jnp.ones(2)).tolist() == [1.0, 1.0]

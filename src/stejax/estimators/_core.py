@@ -185,7 +185,10 @@ def _check_params(name: str, params: dict[str, Any], n_args: int, rules: dict[st
                 "position in diff_argnums to give it a surrogate gradient."
             )
     for role, rule in rules.items():
-        accepted = _keywords(rule, n_args)
+        try:
+            accepted = _keywords(rule, n_args)
+        except TypeError:  # an unhashable callable: read its signature without the cache
+            accepted = _keywords.__wrapped__(rule, n_args)
         if accepted is None:
             continue
         accepted = accepted - {"key", "tangents"}
