@@ -99,9 +99,10 @@ def test_ngram_and_compressor_references():
 
 def test_causal_mask_a_future_byte_never_changes_an_earlier_logit(tiny_model):
     x = _tokens(0, (2, TINY.context))
-    base = np.asarray(tiny_model(x))
+    forward = nnx.jit(lambda m, t: m(t))
+    base = np.asarray(forward(tiny_model, x))
     for j in (1, 7, TINY.context - 1):
-        changed = np.asarray(tiny_model(x.at[:, j].set((x[:, j] + 1) % 256)))
+        changed = np.asarray(forward(tiny_model, x.at[:, j].set((x[:, j] + 1) % 256)))
         np.testing.assert_array_equal(changed[:, :j], base[:, :j])
         assert not np.array_equal(changed[:, j], base[:, j])
 
@@ -132,7 +133,7 @@ def test_identity_rules_reproduce_the_float_model_bit_for_bit(tiny_model):
 
 def test_configurations_quantise_the_block_linears_only(tiny_model):
     x = _tokens(3, (1, TINY.context))
-    for name in CONFIGS:
+    for name in ("float", "w4a4", "w1.58a8"):
         q = quantize_lm(tiny_model, name)
         same = np.array_equal(np.asarray(q(x)), np.asarray(tiny_model(x)))
         assert same == (name == "float"), name

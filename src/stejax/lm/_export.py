@@ -67,7 +67,7 @@ def _dequantise(codes: np.ndarray, scale: np.ndarray, config: LMQuant) -> jax.Ar
 def _flat_params(model: nnx.Module) -> dict[str, np.ndarray]:
     from stejax.train._step import leaf_name
 
-    pure = nnx.state(model, nnx.Param).to_pure_dict()
+    pure = nnx.to_pure_dict(nnx.state(model, nnx.Param))
     return {leaf_name(p): np.asarray(leaf, np.float32) for p, leaf in jax.tree_util.tree_flatten_with_path(pure)[0]}
 
 
@@ -200,7 +200,7 @@ def load_lm_artifact(path: str | os.PathLike) -> LMArtifact:
     config = LMQuant(**manifest["config"])
     model_config = LMConfig(**manifest["model"])
     model = Transformer(model_config, rngs=nnx.Rngs(0))
-    pure = nnx.state(model, nnx.Param).to_pure_dict()
+    pure = nnx.to_pure_dict(nnx.state(model, nnx.Param))
 
     def fill(p: Any, leaf: Any) -> jax.Array:
         from stejax.train._step import leaf_name

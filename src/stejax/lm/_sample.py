@@ -48,6 +48,11 @@ def _extend(graphdef: Any, state: Any, tokens: jax.Array, cache: Any, start: jax
     return nnx.merge(graphdef, state).extend(tokens, cache, start)
 
 
+@functools.partial(jax.jit, static_argnums=0)
+def _full(graphdef: Any, state: Any, tokens: jax.Array, index: jax.Array) -> jax.Array:
+    return nnx.merge(graphdef, state)(tokens)[0, index]
+
+
 def _draw(logits: jax.Array, temperature: float, key: jax.Array | None) -> int:
     if temperature == 0:
         return int(jnp.argmax(logits))
@@ -114,7 +119,10 @@ def generate(
                 last = logits[0, -1]
     else:
         for i in range(tokens):
-            last = nnx.merge(graphdef, state)(jnp.asarray([sequence], jnp.uint8))[0, -1]
+            # The whole sequence so far, padded to the context (the causal mask keeps the padding out).
+            padded = np.zeros((1, context), np.uint8)
+            padded[0, : len(sequence)] = sequence
+            last = _full(graphdef, state, jnp.asarray(padded), jnp.asarray(len(sequence) - 1))
             drawn.append(np.asarray(last))
             sequence.append(_draw(last, temperature, None if step_keys[i] is None else keys.consume(step_keys[i])))
     seconds = time.perf_counter() - tic
