@@ -33,6 +33,12 @@ def peers_suite(*, repeats: int, warmup: int, quick: bool) -> dict[str, Any]:
 
     * ``stejax float``, ``stejax w8a8``: :func:`stejax.train.update` jitted (the
       ``w8a8`` preset: 8-bit LSQ weights and inputs in every layer, learned steps);
+      ``stejax w8a8 (no statistics)``: the same step with ``statistics=False``
+      (no zero-gradient fractions, no finite flag over parameters and gradient);
+    * ``stejax int8``: Qwix's scheme built from the catalog on the functional
+      pipeline: :func:`stejax.fake_quant` with :func:`stejax.absmax_scale`, int8
+      weights per output channel and int8 inputs per tensor, both scales
+      recomputed every step, in a plain jitted step (compared with ``qwix int8``);
     * ``flax float``: the same MLP of ``flax.nnx.Linear`` layers, a functional step
       (``nnx.split``/``nnx.merge`` inside ``jax.jit``);
     * ``qwix int8``: that model through ``qwix.quantize_model`` with a ``QtProvider``
@@ -85,6 +91,14 @@ def peers_suite(*, repeats: int, warmup: int, quick: bool) -> dict[str, Any]:
         step = compiled_update(model_config, qc, optimizer)
         state = optimizer.init(params)
         calls[f"stejax {name}"] = lambda step=step, p=params, s=state: step(p, s, batch, None)
+        if name == "w8a8":
+            bare = compiled_update(model_config, qc, optimizer, statistics=False)
+            calls["stejax w8a8 (no statistics)"] = lambda step=bare, p=params, s=state: step(p, s, batch, None)
+    # Qwix's scheme from the catalog: the same weights as stejax float, quantised in the step.
+    int8_params = init_params(jax.random.key(0), model_config, preset("float"))
+    int8_step = _int8_step(optimizer)
+    int8_state = optimizer.init(int8_params)
+    calls["stejax int8"] = lambda step=int8_step, p=int8_params, s=int8_state: step(p, s, x, y)
 
     class MLP(nnx.Module):
         def __init__(self, sizes: tuple[int, ...], rngs: nnx.Rngs):
@@ -110,6 +124,8 @@ def peers_suite(*, repeats: int, warmup: int, quick: bool) -> dict[str, Any]:
     notes += sorted({f"{w.category.__name__} from a peer library: {' '.join(str(w.message).split())}" for w in caught})
 
     ratios = [
+        ("stejax int8", "qwix int8"),
+        ("stejax w8a8 (no statistics)", "stejax w8a8"),
         ("qwix int8", "stejax w8a8"),
         ("flax float", "stejax float"),
         ("stejax w8a8", "stejax float"),
@@ -121,6 +137,12 @@ def peers_suite(*, repeats: int, warmup: int, quick: bool) -> dict[str, Any]:
         "optimizer": f"{config.optimizer}, {config.schedule}, lr {config.learning_rate} (the same optax object)",
         "stejax w8a8": preset("w8a8").describe().rstrip("."),
         "qwix int8": "qwix.QtRule(module_path='.*', weight_qtype=int8, act_qtype=int8), QtProvider",
+        "stejax int8": "Qwix's scheme from the catalog on the functional pipeline: every layer's weights "
+        "fake_quant(w, absmax_scale(w, bits=8, axis=1), bits=8, axis=1) (per output channel) and its input "
+        "fake_quant(u, absmax_scale(u, bits=8), bits=8) (per tensor, dynamic), scales recomputed every step, "
+        "clipped straight-through gradient; a plain jitted value_and_grad and optimiser step",
+        "stejax w8a8 (no statistics)": "stejax w8a8 with update(..., statistics=False): no zero-gradient "
+        "fractions, the finite flag of the loss only",
         "qwix_quantised_dot_generals": calls.pop("_quantised_dots"),
         "differences": "stejax's step also computes a finite flag and zero-gradient statistics; "
         "Flax and Qwix run under standard promotion",
@@ -156,6 +178,42 @@ def peers_suite(*, repeats: int, warmup: int, quick: bool) -> dict[str, Any]:
         "groups": [group, *snn_groups, *rules_groups],
         "notes": notes,
     }
+
+
+def _int8_step(optimizer):
+    """A jitted training step of an MLP fake-quantised with Qwix's int8 scheme, built from the catalog.
+
+    Layer ``i`` computes ``Q(u) @ Q_c(w) + b`` with ``Q(u) = fake_quant(u, absmax_scale(u))``
+    (8-bit, per tensor, from the current batch) and ``Q_c`` the same per output
+    channel; ReLU between layers. The scales are calibration values (no gradient);
+    the inputs and weights get the clipped straight-through gradient.
+    """
+    import optax
+
+    from stejax.estimators.calibration import absmax_scale
+    from stejax.estimators.uniform import fake_quant
+
+    def forward(params, x):
+        layers = params["layers"]
+        h = x
+        for i, layer in enumerate(layers):
+            w = layer["w"]
+            u = fake_quant(h, absmax_scale(h, bits=8), bits=8)
+            wq = fake_quant(w, absmax_scale(w, bits=8, axis=1), bits=8, axis=1)
+            h = u @ wq + layer["b"][None, :]
+            if i < len(layers) - 1:
+                h = jax.nn.relu(h)
+        return h
+
+    def loss(params, x, y):
+        return jnp.mean(optax.softmax_cross_entropy_with_integer_labels(forward(params, x), y))
+
+    def step(params, opt_state, x, y):
+        value, grads = jax.value_and_grad(loss)(params, x, y)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, value
+
+    return jax.jit(step)
 
 
 def _nnx_steps(nnx, optax, optimizer, models, x, y) -> dict[str, Any]:

@@ -16,6 +16,9 @@ from stejax.model import PRESETS, init_params, preset
 
 __all__ = ["train_suite"]
 
+# The presets also timed without the step statistics (update(..., statistics=False)).
+BARE = ("float", "w8a8", "w4a4")
+
 
 def train_suite(*, repeats: int, warmup: int, quick: bool, presets: Sequence[str] = PRESETS) -> dict[str, Any]:
     """Time :func:`stejax.train.update`, jitted as :func:`stejax.train.train` runs it, for each preset.
@@ -25,7 +28,9 @@ def train_suite(*, repeats: int, warmup: int, quick: bool, presets: Sequence[str
     small MLP (one hidden layer of 16) instead. Every preset steps the same
     training batch from its own freshly initialised parameters, with a fresh
     dropout key per call; the parameters are not carried from call to call, so
-    every call does the same work.
+    every call does the same work. ``float``, ``w8a8`` and ``w4a4`` are also
+    timed as ``"<name> (no statistics)"``: the same step without the
+    zero-gradient fractions and the finite flag (``statistics=False``).
 
     Returns:
       ``{"config", "groups"}``: one group, the variants the presets, each
@@ -54,6 +59,13 @@ def train_suite(*, repeats: int, warmup: int, quick: bool, presets: Sequence[str
         step_keys = list(keys.split(k_steps, n)) if needs_key(model_config, train=True) else [None] * n
         stream = itertools.cycle(step_keys)
         calls[name] = lambda step=step, p=params, s=opt_state, it=stream: step(p, s, batch, next(it))
+        if name in BARE:
+            # The same step without the zero-gradient fractions and the finite flag: what they cost.
+            bare = compiled_update(model_config, qat_config, optimizer, statistics=False)
+            stream = itertools.cycle(step_keys)
+            calls[f"{name} (no statistics)"] = lambda step=bare, p=params, s=opt_state, it=stream: step(
+                p, s, batch, next(it)
+            )
     baseline = "float" if "float" in calls else None
     model = (
         f"MLP {model_config.in_features} -> {' -> '.join(map(str, config.hidden))} -> {model_config.n_classes}"

@@ -214,6 +214,7 @@ def update(
     model_config: ModelConfig,
     qat_config: QATConfig,
     optimizer: optax.GradientTransformation,
+    statistics: bool = True,
 ) -> tuple[Any, optax.OptState, StepMetrics]:
     r"""One optimiser step on one batch: pure, ready for ``jax.jit``.
 
@@ -235,6 +236,11 @@ def update(
         None for a model without dropout (see :func:`needs_key`).
       model_config, qat_config: the model.
       optimizer: an optax ``GradientTransformation``.
+      statistics: compute the zero-gradient fractions and the finite flag over
+        the parameters and the gradient (default True). False leaves
+        ``zero_grad`` empty and makes ``finite`` the loss's finiteness only: the
+        bare step, for measuring what the statistics cost (``stejax bench
+        --suite train``).
 
     Returns:
       ``(new_params, new_opt_state, metrics)``, the metrics a :class:`StepMetrics`.
@@ -257,6 +263,9 @@ def update(
     )
     updates, opt_state = optimizer.update(grads, opt_state, params)
     new_params = optax.apply_updates(params, updates)
+    if not statistics:
+        # Unused outputs are dead code under jit: the fractions are never computed.
+        return new_params, opt_state, StepMetrics(loss=value, zero_grad={}, finite=jnp.isfinite(value))
     # One flag over all leaves (one reduction over the raveled arrays, not one per
     # leaf: small kernels dominate a CPU step). Which leaf failed is worked out
     # again, only on failure, by `raise_if_nonfinite`.
@@ -362,13 +371,22 @@ def _evaluate(params: Any, x: jax.Array, y: jax.Array, *, model_config: ModelCon
 
 
 @functools.lru_cache(maxsize=64)
-def compiled_update(model_config: ModelConfig, qat_config: QATConfig, optimizer: optax.GradientTransformation):
+def compiled_update(
+    model_config: ModelConfig,
+    qat_config: QATConfig,
+    optimizer: optax.GradientTransformation,
+    statistics: bool = True,
+):
     """:func:`update` jitted for one model, QAT configuration and optimiser (cached).
 
     The returned function takes ``(params, opt_state, batch, key)``; every seed of
     a configuration reuses it, and it compiles once per batch shape.
+    ``statistics=False`` is the bare step (see :func:`update`).
     """
-    return jax.jit(functools.partial(update, model_config=model_config, qat_config=qat_config, optimizer=optimizer))
+    step = functools.partial(
+        update, model_config=model_config, qat_config=qat_config, optimizer=optimizer, statistics=statistics
+    )
+    return jax.jit(step)
 
 
 @functools.lru_cache(maxsize=64)
