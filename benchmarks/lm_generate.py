@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     key = jax.random.key(0)
     rates: dict[str, list[float]] = {name: [] for name in forms}
     with jax.debug_key_reuse(False):
-        for name, (m, cached) in forms.items():  # warm-up: compile every shape once
+        for m, cached in forms.values():  # warm-up: compile every shape once
             generate(m, b"def ", tokens=options.tokens, key=key, temperature=0.0, cached=cached)
         for _ in range(options.repeats):
             for name, (m, cached) in forms.items():

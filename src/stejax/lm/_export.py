@@ -32,7 +32,7 @@ from flax import nnx
 from stejax.lm._configs import CONFIGS, LMQuant, quantised_paths, quantize_lm
 from stejax.lm._model import LMConfig, Transformer
 from stejax.lm._packing import container_for, pack, packed_bytes, unpack
-from stejax.lm._quantisers import weight_scale
+from stejax.lm._quantisers import weight_codes, weight_scale
 
 __all__ = ["LM_FORMAT", "LMArtifact", "export_lm", "load_lm_artifact", "predicted_size"]
 
@@ -50,7 +50,7 @@ def _codes_and_scale(kernel: np.ndarray, config: LMQuant) -> tuple[np.ndarray, n
         return np.asarray(jnp.clip(jnp.round(w * s), -1, 1), np.int8), np.asarray(s, np.float32).reshape(())
     bits = int(config.weight_bits)
     full = weight_scale(w, bits, config.group)
-    codes = jnp.clip(jnp.round(w / full), -(2 ** (bits - 1)), 2 ** (bits - 1) - 1)
+    codes = weight_codes(w, full, bits)
     compact = full[0] if config.group is None else full[:: config.group]
     return np.asarray(codes, np.int8), np.asarray(compact, np.float32)
 

@@ -26,7 +26,7 @@ import jax.numpy as jnp
 from stejax.estimators.absmean import absmean_ternary
 from stejax.estimators.rounding import round_ste
 
-__all__ = ["activation_quantiser", "weight_quantiser", "weight_scale"]
+__all__ = ["activation_quantiser", "weight_codes", "weight_quantiser", "weight_scale"]
 
 Quantiser = Callable[[jax.Array], jax.Array]
 
@@ -47,13 +47,23 @@ def weight_scale(w: jax.Array, bits: int, group: int | None) -> jax.Array:
             raise ValueError(f"weight_scale: group {group} does not divide the contraction axis of {w.shape}.")
         m = jnp.repeat(jnp.max(a.reshape(n_in // group, group, n_out), axis=1), group, axis=0)
     top = 1.5 if bits == 2 else 2 ** (bits - 1) - 1
-    return jnp.maximum(m, 1e-8) / top
+    # A product by the constant 1/top, for the reason weight_codes gives.
+    return jnp.maximum(m, 1e-8) * (1.0 / top)
+
+
+def weight_codes(w: jax.Array, s: jax.Array, bits: int, ste: bool = True) -> jax.Array:
+    """``clip(round(w * (1/s)), -2**(bits-1), 2**(bits-1) - 1)``: the integer codes, as floats.
+
+    A product by the reciprocal, not a division: XLA rewrites ``w / broadcast(s)``
+    into that product under jit but not op by op, and ties at .5 would then round
+    differently in the exported codes and in the trained model.
+    """
+    return jnp.clip(_round(ste)(w * (1 / s)), -(2 ** (bits - 1)), 2 ** (bits - 1) - 1)
 
 
 def _int_weights(w: jax.Array, *, bits: int, group: int | None, ste: bool) -> jax.Array:
     s = jax.lax.stop_gradient(weight_scale(w, bits, group))
-    q = jnp.clip(_round(ste)(w / s), -(2 ** (bits - 1)), 2 ** (bits - 1) - 1)
-    return q * s
+    return weight_codes(w, s, bits, ste) * s
 
 
 def weight_quantiser(bits: float, *, group: int | None = None, ste: bool = True) -> Quantiser:
