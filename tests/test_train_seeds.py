@@ -67,7 +67,7 @@ def test_early_stopping_is_per_run():
     # Patience 1 over 6 epochs: each run stops at its own first non-improving epoch. Float, because a
     # quantised run turns a one-ulp difference of the two programs into a flipped rounding after a few epochs.
     base = dataclasses.replace(TINY, epochs=6, patience=1, learning_rate=3e-2, preset="float")
-    configs, splits = _runs(base, seeds=(0, 1, 2))
+    configs, splits = _runs(base, seeds=(0, 5))  # seed 5 stops at epoch 5, seed 0 runs all 6
     results = train_seeds(configs, splits=splits)
     for config, part, got in zip(configs, splits, results, strict=True):
         want = train(config, splits=part)

@@ -20,7 +20,7 @@ import numpy as np
 from stejax import keys
 from stejax.data import Dataset, Normalizer, Splits
 from stejax.data import split as split_dataset
-from stejax.model import PRESETS, init_params, preset
+from stejax.model import PRESETS, MLPConfig, init_params, preset
 from stejax.train._config import TrainConfig, make_optimizer
 from stejax.train._loop import load_splits, train
 from stejax.train._step import Batch, compiled_update, needs_key
@@ -468,7 +468,7 @@ def _bits(name: str) -> dict[str, int]:
 
 def _model_text(config: TrainConfig, splits: Splits) -> str:
     mc = config.model_config(splits.train)
-    if config.model == "mlp":
+    if isinstance(mc, MLPConfig):
         widths = " -> ".join(str(w) for w in (mc.in_features, *mc.hidden, mc.n_classes))
         return f"MLP {widths}, ReLU, dropout {mc.dropout}"
     convs = ", ".join(f"conv 3x3 {c} stride {s}" for c, s in zip(mc.channels, mc.strides, strict=True))

@@ -227,8 +227,9 @@ def train_seeds(
                         f.write(json.dumps(record) + "\n")
                 if on_epoch is not None:
                     on_epoch(int(s), record)
-                if (val_accuracy, -record["val_loss"]) > (best_acc[s], -best_loss[s]):
-                    best_epoch[s], best_acc[s], best_loss[s], stale[s] = epoch, val_accuracy, record["val_loss"], 0
+                loss_s = float(val_loss[i])
+                if (val_accuracy, -loss_s) > (best_acc[s], -best_loss[s]):
+                    best_epoch[s], best_acc[s], best_loss[s], stale[s] = epoch, val_accuracy, loss_s, 0
                 else:
                     stale[s] += 1
                     if base.patience is not None and stale[s] >= base.patience and epoch < base.epochs:
@@ -278,10 +279,10 @@ def _check_configs(configs: Sequence[TrainConfig]) -> list[TrainConfig]:
     for i, c in enumerate(configs):
         if not isinstance(c, TrainConfig):
             raise TypeError(f"train_seeds: configs[{i}] must be a TrainConfig; got {type(c).__name__}.")
-    shared = {f: None for f in _PER_RUN_FIELDS}
-    first = dataclasses.replace(configs[0], **{f: 0 for f in shared})
+    shared = _PER_RUN_FIELDS
+    first = dataclasses.replace(configs[0], seed=0, data_seed=0)
     for i, c in enumerate(configs[1:], start=1):
-        if dataclasses.replace(c, **{f: 0 for f in shared}) != first:
+        if dataclasses.replace(c, seed=0, data_seed=0) != first:
             diff = [
                 f.name
                 for f in dataclasses.fields(c)

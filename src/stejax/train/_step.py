@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import functools
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import jax
 import jax.numpy as jnp
@@ -364,7 +364,7 @@ def leaf_name(path: tuple[Any, ...]) -> str:
 
 
 def _evaluate(params: Any, x: jax.Array, y: jax.Array, *, model_config: ModelConfig, qat_config: QATConfig):
-    logits = forward(params, x, model_config=model_config, qat_config=qat_config)
+    logits = cast(jax.Array, forward(params, x, model_config=model_config, qat_config=qat_config))
     value = jnp.mean(optax.softmax_cross_entropy_with_integer_labels(logits, y))
     correct = jnp.sum((jnp.argmax(logits, axis=-1) == y).astype(jnp.int32))
     return value, correct
