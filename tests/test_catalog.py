@@ -217,3 +217,14 @@ def test_per_channel_example_arrays_follow_the_axis(name):
     # The channels' steps differ, so a value applied to the wrong channel changes the result.
     assert len(set(args[0].tolist())) > 1
     assert all(a.shape == () for a in entry.example_args(np.random.default_rng(0), (3, 5), np.float32, {"axis": None}))
+
+
+def test_the_catalog_page_is_generated_from_the_current_catalog():
+    # docs/estimators.md is docs/generate.py's output: a parameter added to the catalog must show there.
+    from pathlib import Path
+
+    from stejax.render import render_page
+
+    page = Path(__file__).resolve().parents[1] / "docs" / "estimators.md"
+    assert page.read_text(encoding="utf-8") == render_page(list(CATALOG.values())), "run docs/generate.py"
+    assert "`stejax.lsq(x, step, bits=..., signed=..., grad_scale=..., axis=...)`" in page.read_text(encoding="utf-8")
