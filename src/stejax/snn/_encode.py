@@ -29,7 +29,7 @@ def _check_unit(x: jax.Array, where: str) -> None:
     if bad.any():
         raise ValueError(
             f"{where}: values must be intensities in [0, 1] (scale the data first); "
-            f"got {a[bad].reshape(-1)[0]!r} at index {tuple(int(i) for i in np.argwhere(bad)[0])}."
+            f"got {float(a[bad].reshape(-1)[0])!r} at index {tuple(int(i) for i in np.argwhere(bad)[0])}."
         )
 
 
