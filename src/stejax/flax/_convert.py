@@ -105,7 +105,7 @@ def functional_params(
         expected_type = QuantConv if conv else QuantLinear
         if not isinstance(layer, expected_type):
             raise TypeError(f"{where} must be a {expected_type.__name__}; got {type(layer).__name__}.")
-        if conv:
+        if isinstance(layer, QuantConv):
             _check_conv(layer, model_config, i, where)
         kernel = layer.kernel[...]
         if tuple(kernel.shape) != tuple(w_shape):
@@ -117,9 +117,9 @@ def functional_params(
         _check_quant(layer.activations, quant_of(lq.activations, "activations", signed=(i == 0)), 1, f"{where} inputs")
         p = {"w": kernel, "b": layer.bias[...]}
         if lq.weights is not None and lq.weights.method == "lsq":
-            p["w_step"] = layer.weight_step[...]
+            p["w_step"] = getattr(layer, "weight_step")[...]  # noqa: B009 - made by the layer's Quant
         if lq.activations is not None and lq.activations.method == "lsq":
-            p["a_step"] = jnp.reshape(layer.input_step[...], ())
+            p["a_step"] = jnp.reshape(getattr(layer, "input_step")[...], ())  # noqa: B009
         out.append({k: jnp.asarray(v, jnp.float32) for k, v in p.items()})
     params = {"layers": tuple(out)}
     check_params(params, spec)

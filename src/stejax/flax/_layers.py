@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
@@ -61,7 +61,7 @@ class _Quantised(nnx.Module):
                 f"{where}: {random[0]} draws random numbers; pass rngs=nnx.Rngs(...) with a 'quant' or default stream."
             )
         # One key stream for the random estimators, split on every call.
-        self.quant_rngs = rngs[streams[0]].fork() if random else nnx.data(None)
+        self.quant_rngs = rngs[streams[0]].fork() if random and rngs is not None else nnx.data(None)
 
     def _learned(self, quant: Quant, prefix: str) -> dict[str, jax.Array]:
         entry = quant.entry
@@ -71,7 +71,7 @@ class _Quantised(nnx.Module):
         return {a.name: getattr(self, f"{prefix}_{a.name}")[...] for a in entry.args}
 
     def _key(self, quant: Quant) -> jax.Array | None:
-        return self.quant_rngs() if quant.random else None
+        return cast(Any, self.quant_rngs)() if quant.random else None
 
     def quantized_input(self, x: jax.Array) -> jax.Array:
         """The layer's input as the layer uses it (``x`` itself without an input quantiser)."""
@@ -227,7 +227,7 @@ class QuantLinear(_Quantised):
             param_dtype=kernel.dtype,
             precision=linear.precision,
             kernel_init=lambda *_: kernel,
-            bias_init=lambda *_: bias,
+            bias_init=cast(Callable[..., jax.Array], lambda *_: bias),
             rngs=_rngs_for(rngs, weights, activations),
         )
 
@@ -362,7 +362,7 @@ class QuantConv(_Quantised):
             conv.out_features,
             conv.kernel_size,
             strides=conv.strides if conv.strides is not None else 1,
-            padding=conv.padding.upper() if isinstance(conv.padding, str) else conv.padding,
+            padding=conv.padding.upper() if isinstance(conv.padding, str) else cast(Any, conv.padding),
             kernel_dilation=conv.kernel_dilation if conv.kernel_dilation is not None else 1,
             feature_group_count=conv.feature_group_count,
             weights=weights,
@@ -372,7 +372,7 @@ class QuantConv(_Quantised):
             param_dtype=kernel.dtype,
             precision=conv.precision,
             kernel_init=lambda *_: kernel,
-            bias_init=lambda *_: bias,
+            bias_init=cast(Callable[..., jax.Array], lambda *_: bias),
             rngs=_rngs_for(rngs, weights, activations),
         )
 
@@ -447,4 +447,4 @@ def _padding(padding: Any, nd: int) -> str | tuple[tuple[int, int], ...]:
             f"QuantConv: padding must be 'SAME', 'VALID', an int, or per spatial axis ({nd}) an int or a "
             f"(low, high) pair of ints; got {padding!r}."
         )
-    return pairs
+    return cast(tuple[tuple[int, int], ...], pairs)

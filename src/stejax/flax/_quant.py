@@ -6,7 +6,7 @@ import dataclasses
 import inspect
 import math
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
@@ -131,7 +131,7 @@ class Quant:
         group_size: int | None = None,
         per_token: bool = False,
         calibration: str = "absmax",
-        **params,
+        **params: Any,
     ):
         name = _catalog_name(estimator)
         if name is not None:
@@ -268,7 +268,7 @@ class Quant:
         """
         entry = self.entry
         if entry is None:
-            return self._estimator(x)
+            return cast(Callable[..., Any], self._estimator)(x)
         c = (0 if role == "weights" else -1) if contraction_axis is None else contraction_axis
         params = self.params
         if role == "activations" and entry.name in ("lsq", "lsq_plus") and params["grad_scale"] is None:
@@ -297,7 +297,9 @@ class Quant:
         # The scale follows the current values but is not differentiated: fake_quant's scale
         # is a calibration constant (no surrogate), and a gradient through max|x| is not one.
         scale = calibrated_scale(jax.lax.stop_gradient(x), self, axis=axis)
-        return [scale if a.name == "scale" else jnp.zeros_like(scale) for a in self.entry.args]
+        entry = self.entry
+        assert entry is not None  # only catalog estimators have a dynamic scale
+        return [scale if a.name == "scale" else jnp.zeros_like(scale) for a in entry.args]
 
     def _check_role(self, role: str, kernel: jax.Array | None, contraction_axis: int) -> None:
         if role == "weights":
@@ -321,12 +323,14 @@ class Quant:
         self, role: str, kernel: jax.Array | None, in_features: int, contraction_axis: int
     ) -> tuple[int, ...]:
         if role == "weights" and self.group_size is not None:
+            assert kernel is not None
             moved = jnp.moveaxis(jnp.zeros(kernel.shape, jnp.bool_), contraction_axis, -1).shape
             return (*moved[:-1], moved[-1] // self.group_size)
         axis = self.params.get("axis")
         if axis is None:
             return ()
         if role == "weights":
+            assert kernel is not None
             return (kernel.shape[axis],)
         if axis != -1:
             raise ValueError(
@@ -350,6 +354,7 @@ class Quant:
         # The values to start from, arranged so that one row is one scale's slice (None: no data).
         source, axis = (kernel, params.get("axis")) if weights else (data, params.get("axis"))
         if weights and self.group_size is not None:
+            assert kernel is not None
             source, axis = _rows(kernel, contraction_axis, self.group_size)[0], 0
         if name in ("lsq", "lsq_plus") and arg == "step":
             _, qp = lsq_levels(params["bits"], params["signed"])
@@ -411,6 +416,7 @@ def as_quant(spec: Quant | str | Callable[..., Any] | None, *, where: str) -> Qu
 
 
 def _catalog_name(estimator: Any) -> str | None:
+    name: str | None
     if isinstance(estimator, str):
         if estimator not in CATALOG:
             raise ValueError(f"Quant: unknown estimator {estimator!r}; the catalog has {list(CATALOG)}.")

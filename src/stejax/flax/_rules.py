@@ -37,7 +37,7 @@ import re
 import threading
 import types
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import jax
 import jax.numpy as jnp
@@ -368,7 +368,7 @@ class _LayerProduct:
 
 class _Record(NamedTuple):
     module: Any
-    index: int
+    position: int  # among the module's products in one call
     kind: str
     operands: tuple[Any, ...]  # concrete example values
     axes: tuple[tuple[int, ...], ...]  # the contraction axes of each operand
@@ -432,7 +432,11 @@ class _Site(nnx.Module):
             data = None if op.role == "weights" or example is None else jnp.asarray(example)
             in_features = int(np.shape(example)[-1]) if example is not None and np.ndim(example) else 1
             learned = op.quant.learned(
-                op.role, kernel=kernel, in_features=in_features, contraction_axis=op.axis, data=data
+                op.role,
+                kernel=kernel,
+                in_features=in_features,
+                contraction_axis=op.axis if op.axis is not None else 0,
+                data=data,
             )
             for arg, (trainable, value) in learned.items():
                 setattr(self, f"{op.prefix}_{arg}", (nnx.Param if trainable else Calibration)(value))
@@ -440,6 +444,7 @@ class _Site(nnx.Module):
 
     def learned(self, i: int) -> dict[str, jax.Array]:
         op = self.operands[i]
+        assert op.quant is not None
         entry = op.quant.entry
         if entry is None or op.quant.scale_mode(op.role) == "dynamic":
             return {}
@@ -453,7 +458,7 @@ class _Site(nnx.Module):
         if collector is not None and op.role == "activations":
             collector.setdefault((id(self), i), (self, []))[1].append(x)
             return x
-        key = self.quant_rngs() if op.quant.random else None
+        key = cast(Any, self.quant_rngs)() if op.quant.random else None
         return op.quant.apply(x, self.learned(i), role=op.role, key=key, contraction_axis=op.axis)
 
 
@@ -637,16 +642,16 @@ def quantize_model(
 
     seen: dict[tuple[int, int], _Record] = {}
     for r in records:
-        first = seen.setdefault((id(r.module), r.index), r)
+        first = seen.setdefault((id(r.module), r.position), r)
         if first.operands[0] is None and r.operands[0] is not None:  # an Embed looked up, then attended
-            seen[(id(r.module), r.index)] = r
+            seen[(id(r.module), r.position)] = r
     by_module: dict[int, list[_Record]] = {}
     for r in seen.values():
         by_module.setdefault(id(r.module), []).append(r)
     rows: list[SiteRow] = []
     matched = [0] * len(rules)
     for module in modules:
-        mine = sorted(by_module.get(id(module), []), key=lambda r: r.index)
+        mine = sorted(by_module.get(id(module), []), key=lambda r: r.position)
         path = paths[id(module)]
         if not mine:
             if any(isinstance(v, nnx.Param) for v in vars(module).values()):
@@ -658,11 +663,11 @@ def quantize_model(
         for r in mine:
             site_path = _site_path(path, r, len(mine))
             index = next((i for i, rule in enumerate(rules) if rule.matches(site_path, r.kind)), None)
-            rule = rules[index] if index is not None else None
+            site_rule = rules[index] if index is not None else None
             if index is not None:
                 matched[index] += 1
-            operands = _operands(r, rule, rules_index=index, path=site_path)
-            shapes = tuple(tuple(np.shape(x)) for x in r.operands if x is not None)
+            operands = _operands(r, site_rule, rules_index=index, path=site_path)
+            operand_shapes = tuple(tuple(np.shape(x)) for x in r.operands if x is not None)
             w = next((op.quant for op in operands if op.role == "weights"), None)
             a = next((op.quant for op in operands if op.role == "activations"), None)
             row = SiteRow(
@@ -671,7 +676,7 @@ def quantize_model(
                 index,
                 None if w is None else repr(w),
                 None if a is None else repr(a),
-                shapes,
+                operand_shapes,
                 f"w{_bits(w)}a{_bits(a)}",
                 "" if index is not None else "no rule matched",
             )
@@ -683,15 +688,15 @@ def quantize_model(
             if random:
                 if rngs is None or "quant" not in rngs:
                     raise TypeError(
-                        f"quantize_model: rule {index} ({rule.path!r}) at {site_path!r}: {random[0]} draws random "
-                        "numbers; pass rngs=nnx.Rngs(quant=...) with a 'quant' stream."
+                        f"quantize_model: rule {index} ({cast(Rule, site_rule).path!r}) at {site_path!r}: "
+                        f"{random[0]} draws random numbers; pass rngs=nnx.Rngs(quant=...) with a 'quant' stream."
                     )
                 site_rngs = rngs["quant"].fork()
-            sites[r.index] = _Site(row, operands, r.operands, site_rngs)
+            sites[r.position] = _Site(row, operands, r.operands, site_rngs)
         if sites:
             if hasattr(module, "stejax_quant"):
                 raise ValueError(f"quantize_model: the module at {path!r} already has an attribute stejax_quant.")
-            module.stejax_quant = _Sites(sites, len(mine))
+            setattr(module, "stejax_quant", _Sites(sites, len(mine)))  # noqa: B010 - an attribute of any module
     unused = [i for i, n in enumerate(matched) if n == 0]
     if strict and unused:
         i = unused[0]
@@ -700,8 +705,8 @@ def quantize_model(
             f"quantize_model: rule {i} ({rules[i]!r}) matches no site; the sites are {some}"
             f"{', ...' if len(rows) > 6 else ''}. Fix its path or kinds, or pass strict=False."
         )
-    qmodel.stejax_summary = nnx.static(Summary(tuple(rows)))
-    qmodel.stejax_rules = nnx.static(rules)
+    setattr(qmodel, "stejax_summary", nnx.static(Summary(tuple(rows))))  # noqa: B010
+    setattr(qmodel, "stejax_rules", nnx.static(rules))  # noqa: B010
     return qmodel
 
 
@@ -709,14 +714,15 @@ def _site_path(path: str, record: _Record, n_products: int) -> str:
     if record.kind in ("linear", "conv", "einsum", "embed"):
         return path
     if record.kind == "attention" and n_products == 2:
-        name = ("scores", "values")[record.index]
+        name = ("scores", "values")[record.position]
     else:
-        name = f"dot{record.index}"
+        name = f"dot{record.position}"
     return f"{path}/{name}" if path else name
 
 
 def _operands(record: _Record, rule: Rule | None, *, rules_index: int | None, path: str) -> tuple[_Operand, ...]:
     out = []
+    where = f"quantize_model: rule {rules_index} ({rule.path!r}) at {path!r}" if rule is not None else ""
     for i, (example, axes, is_weight) in enumerate(zip(record.operands, record.axes, record.weight, strict=True)):
         role = "weights" if is_weight else "activations"
         if record.kind in ("linear", "conv", "einsum", "embed"):
@@ -729,20 +735,20 @@ def _operands(record: _Record, rule: Rule | None, *, rules_index: int | None, pa
             needs_axis = quant.group_size is not None or (quant.per_token and role == "activations")
             if needs_axis and axis is None:
                 raise ValueError(
-                    f"quantize_model: rule {rules_index} ({rule.path!r}) at {path!r}: group_size and per_token need "
+                    f"{where}: group_size and per_token need "
                     f"a product over one axis; operand {i} (shape {tuple(np.shape(example))}) is summed over axes "
                     f"{axes}."
                 )
             if quant.group_size is not None and np.shape(example)[axis] % quant.group_size:
                 raise ValueError(
-                    f"quantize_model: rule {rules_index} ({rule.path!r}) at {path!r}: group_size {quant.group_size} "
+                    f"{where}: group_size {quant.group_size} "
                     f"does not divide the contraction axis of operand {i} ({role}), of length "
                     f"{np.shape(example)[axis]} (shape {tuple(np.shape(example))})."
                 )
             try:
                 quant._check_role(role, example if role == "weights" else None, axis if axis is not None else 0)
             except ValueError as e:
-                raise ValueError(f"quantize_model: rule {rules_index} ({rule.path!r}) at {path!r}: {e}") from None
+                raise ValueError(f"{where}: {e}") from None
         ndim = np.ndim(example)
         out.append(_Operand(prefix, role, quant, None if axis is None or not ndim else int(axis) % ndim - ndim))
     return tuple(out)
@@ -812,20 +818,20 @@ def calibrate(model: nnx.Module, batches: Iterable[Any], method: str = "absmax")
     out: dict[str, int] = {}
     for (_, i), (site, values) in collected.items():
         op = site.operands[i]
-        quant, entry = op.quant, op.quant.entry
+        quant = op.quant
+        assert quant is not None  # only quantised operands are collected
+        entry = quant.entry
         if entry is None or quant.scale_mode(op.role) == "dynamic":
             continue
         axis = quant.params.get("axis")
         data = jnp.concatenate([jnp.reshape(v, (-1, v.shape[-1])) for v in values]).astype(jnp.float32)
-        calib = (
-            Quant(quant.name, calibration=method, **quant.params) if "scale" in {a.name for a in entry.args} else None
-        )
         params = quant.params
         set_ = 0
         for a in entry.args:
             var = getattr(site, f"{op.prefix}_{a.name}")
             shape = var[...].shape
             if a.name == "scale":
+                calib = Quant(quant.name, calibration=method, **params)
                 value = calibrated_scale(data, calib, axis=None if axis is None else -1)
             elif a.name == "step":
                 from stejax.estimators.uniform import lsq_levels

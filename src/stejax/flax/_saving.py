@@ -78,7 +78,7 @@ def save_quantized(model: nnx.Module, path: str | os.PathLike) -> Path:
     from safetensors.numpy import save_file
 
     summary(model)
-    metadata = {RULES_KEY: rules_to_json(model.stejax_rules)}
+    metadata = {RULES_KEY: rules_to_json(getattr(model, "stejax_rules"))}  # noqa: B009 - set by quantize_model
     tensors = {name: np.array(jax.device_get(value), order="C") for name, value in _variables(model).items()}
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -21,7 +21,7 @@ import math
 import os
 import time
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import jax
 import jax.numpy as jnp
@@ -84,7 +84,7 @@ class DigitsCNN(nnx.Module):
                 "weights": quant_of(lq.weights, "weights"),
                 "activations": quant_of(lq.activations, "activations", signed=(i == 0)),
             }
-            common = dict(precision=_HIGHEST, kernel_init=init, rngs=rngs, **quant)
+            common: dict[str, Any] = dict(precision=_HIGHEST, kernel_init=init, rngs=rngs, **quant)
             if i < n - 1:
                 out, stride = model_config.channels[i], model_config.strides[i]
                 k = model_config.kernel_size
@@ -131,7 +131,9 @@ class DigitsCNN(nnx.Module):
             mean_abs = float(jnp.mean(jnp.abs(self.layer_input(x, i))))
             if math.isfinite(mean_abs) and mean_abs > 0:
                 _, qp = lsq_levels(q.params["bits"], q.params["signed"])
-                layer.input_step[...] = jnp.asarray(2.0 * mean_abs / math.sqrt(qp), jnp.float32)
+                layer.input_step[...] = jnp.asarray(  # type: ignore[union-attr]
+                    2.0 * mean_abs / math.sqrt(qp), jnp.float32
+                )
 
     def functional_params(self) -> dict[str, tuple[dict[str, jax.Array], ...]]:
         """The parameters as :func:`stejax.model.apply` takes them (:func:`stejax.flax.functional_params`)."""
@@ -272,14 +274,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     config = TrainConfig(preset=args.preset, epochs=args.epochs, seed=args.seed, dropout=0.0, schedule="cosine")
     splits = load_splits(config)
     k_params, k_fit = keys.split(jax.random.key(args.seed), where="example: seed -> params, fit")
-    model = DigitsCNN(config.qat_config(), config.model_config(splits.train), rngs=nnx.Rngs(params=k_params))
+    model_config = config.model_config(splits.train)
+    assert isinstance(model_config, ConvConfig)  # the example's config is a CNN's
+    model = DigitsCNN(config.qat_config(), model_config, rngs=nnx.Rngs(params=k_params))
     result = fit(model, config, k_fit, splits=splits)
     if args.out is not None:
         save_run(model, config, result, args.out, splits=splits)
     x_test = jnp.asarray(result.normalizer.apply(splits.test.x))
     params = model.functional_params()
     logits = jax.vmap(lambda x: apply(params, x, model_config=model.model_config, qat_config=model.qat_config))(x_test)
-    same = bool(jnp.array_equal(logits, model(x_test)))
+    same = bool(jnp.array_equal(cast(jax.Array, logits), model(x_test)))
     summary = {
         "preset": args.preset,
         "epochs": args.epochs,

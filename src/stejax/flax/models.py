@@ -60,7 +60,7 @@ class AttentionBlock(nnx.Module):
     def __init__(self, d: int = 32, heads: int = 4, hidden: int = 64, *, dtype: Any = None, rngs: nnx.Rngs):
         pd = dtype or jnp.float32
         self.norm1 = nnx.LayerNorm(d, dtype=dtype, param_dtype=pd, rngs=rngs)
-        self.attn = nnx.MultiHeadAttention(
+        self.attn: nnx.Module = nnx.MultiHeadAttention(
             num_heads=heads, in_features=d, decode=False, dtype=dtype, param_dtype=pd, rngs=rngs
         )
         self.norm2 = nnx.LayerNorm(d, dtype=dtype, param_dtype=pd, rngs=rngs)
