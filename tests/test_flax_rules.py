@@ -400,18 +400,3 @@ def test_save_and_load_quantise_again_identically(tmp_path):
     assert_bitwise_equal(loaded(x), np.asarray(qmodel(x)))
     with pytest.raises(ValueError, match=re.escape("conv1/bias is float32[16]; the model has float32[8]")):
         load_quantized(DigitsCNN((8, 16), rngs=nnx.Rngs(1)), path, x)
-
-
-def test_the_qwix_side_by_side_quantises_in_both_libraries():
-    from stejax.bench._peers_rules import rules_peer_groups
-
-    groups, _ = rules_peer_groups(repeats=1, warmup=1, quick=True)
-    assert [g["name"] for g in groups] == [
-        "int8 QAT step by rules, digits CNN",
-        "int8 QAT step by rules, transformer block",
-    ]
-    for g in groups:
-        assert g["info"]["qwix_quantised_dot_generals"] > 0, g["info"]
-        assert len(g["info"]["stejax_quantised_sites"]) >= 3, g["info"]
-        assert set(g["variants"]) == {"flax float", "qwix int8", "stejax int8"}
-        assert "stejax int8/qwix int8" in g["ratios"]
