@@ -6,8 +6,8 @@ import gzip
 import os
 import struct
 import zlib
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike
