@@ -141,13 +141,15 @@ def verify_command(
         for name, value in (("--reference", reference), ("--derivative", derivative), ("--boundary", boundaries))
         if value
     ]
-    if user_options and (verify_all or ":" not in target):
-        what = "--all" if verify_all else f"the catalog estimator {target!r}"
+    # From here on, `target is None` exactly when --all is given.
+    if user_options and (target is None or ":" not in target):
+        what = "--all" if target is None else f"the catalog estimator {target!r}"
         raise click.UsageError(
             f"{', '.join(user_options)} apply to a user's estimator (MODULE:FUNC) only; {what} is checked against "
             "the catalog's own forward, derivative and boundaries. Drop them, or verify a MODULE:FUNC."
         )
-    if verify_all:
+    report: verify.Report | verify.CatalogReport
+    if target is None:
         report = verify.check_catalog()
     elif ":" in target:
         if reference is None or derivative is None:

@@ -80,7 +80,8 @@ def surrogate(
       >>> float(ste_round(1.7)), float(jax.grad(ste_round)(1.7))
       (2.0, 1.0)
     """
-    name = name or getattr(forward, "__name__", "estimator")
+    default_name: str = getattr(forward, "__name__", "estimator")
+    name = name or default_name
     for role, rule in (("forward", forward), ("derivative", derivative), ("tangent", tangent)):
         if (rule is not None or role == "forward") and not callable(rule):
             raise TypeError(f"surrogate ({name}): `{role}` must be a function; got {type(rule).__name__} {rule!r:.60}.")
@@ -94,8 +95,8 @@ def surrogate(
     if not diff_argnums or len(set(diff_argnums)) != len(diff_argnums):
         raise ValueError(f"{name}: diff_argnums must name distinct positional arguments; got {diff_argnums}.")
 
-    rules = {"forward": forward, "derivative": derivative, "tangent": tangent}
-    rules = {role: rule for role, rule in rules.items() if rule is not None}
+    declared = {"forward": forward, "derivative": derivative, "tangent": tangent}
+    rules = {role: rule for role, rule in declared.items() if rule is not None}
 
     def estimator(*args: ArrayLike, **params: Any) -> jax.Array:
         key = params.pop("key", None)
