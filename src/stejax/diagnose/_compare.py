@@ -44,7 +44,10 @@ def compare_trees(got: Any, want: Any, *, what: str) -> str | None:
     with NaN equal to NaN in the same place (the eager stages have already
     refused non-finite values, so a NaN here is one the transformation made).
     """
-    got_def, want_def = jax.tree.structure(got), jax.tree.structure(want)
+    # Annotated: the return type jax declares for structure() names an extension type
+    # without a stub, which mypy cannot resolve and then refuses to compare.
+    got_def: jax.tree_util.PyTreeDef = jax.tree.structure(got)
+    want_def: jax.tree_util.PyTreeDef = jax.tree.structure(want)
     if got_def != want_def:
         return f"{what}: the tree structure differs from the eager result: got {got_def}, expected {want_def}."
     got_leaves = jax.tree_util.tree_flatten_with_path(got)[0]

@@ -247,9 +247,9 @@ def _data(state: _State) -> _Outcome:
                 )
     contract = state.pipeline.contract
     if contract is not None and np.issubdtype(labels.dtype, np.integer):
-        bad = (labels < 0) | (labels >= contract.n_classes)
-        if bad.any():
-            i = tuple(int(v) for v in np.argwhere(bad)[0])
+        out_of_range = (labels < 0) | (labels >= contract.n_classes)
+        if out_of_range.any():
+            i = tuple(int(v) for v in np.argwhere(out_of_range)[0])
             return _Outcome(False, f"labels must be in [0, {contract.n_classes}); got {labels[i]} at index {i}.")
     n = min(state.examples, inputs.shape[0])
     state.x, state.y = jnp.asarray(inputs[:n]), jnp.asarray(labels[:n])
@@ -299,7 +299,7 @@ def _keys(state: _State) -> _Outcome:
 def _made_keys(state: _State) -> _Outcome | None:
     """A failure if forward or loss, traced with the pipeline's keys, builds a key from constants."""
     params, x, y = state.pipeline.params, state.x, state.y
-    traced = {
+    traced: dict[str, tuple[Callable[..., Any], tuple[Any, ...], BaseException | None]] = {
         "forward": (state.forward, (params, x, state.k_forward), state.forward_error),
         "loss": (state.loss, (params, x, y, state.k_loss), state.loss_error),
     }
@@ -654,7 +654,10 @@ def _nan_rerun(got: Any, eager: Any, call: Callable[[], Any]) -> Callable[[], An
 
 
 def _same_layout(tree: Any, like: Any, *, what: str, against: str) -> str | None:
-    want_def, got_def = jax.tree.structure(like), jax.tree.structure(tree)
+    # Annotated: the return type jax declares for structure() names an extension type
+    # without a stub, which mypy cannot resolve and then refuses to compare.
+    want_def: jax.tree_util.PyTreeDef = jax.tree.structure(like)
+    got_def: jax.tree_util.PyTreeDef = jax.tree.structure(tree)
     if want_def != got_def:
         return f"{what}: the tree structure differs from {against}: got {got_def}, expected {want_def}."
     for (path, got), want in zip(jax.tree_util.tree_flatten_with_path(tree)[0], jax.tree.leaves(like), strict=True):

@@ -18,7 +18,7 @@ import io
 import os
 import re
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -153,8 +153,11 @@ def _kind(value: Any) -> str | None:
     return None
 
 
-def _user_frame(frames: list[tuple[str, int, str]]) -> str | None:
-    """The innermost frame (``frames`` run innermost first) outside JAX and this package: the user's line."""
+def _user_frame(frames: Sequence[tuple[str, int | None, str]]) -> str | None:
+    """The innermost frame (``frames`` run innermost first) outside JAX and this package: the user's line.
+
+    A frame's line number is None where the traceback does not know it (it then shows as ``None``).
+    """
     outside = [f for f in frames if not f[0].startswith(_SKIP_DIRS) and "jaxlib" not in f[0]]
     if not outside:
         return None

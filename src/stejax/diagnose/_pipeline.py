@@ -89,6 +89,8 @@ def pipeline_from_run(
 
     run = load_run(run_dir)
     mc, qc = run.model_config, run.qat_config
+    x_raw: ArrayLike
+    raw_labels: ArrayLike
     if batch is None:
         from stejax.data import DIGITS_NAME
 
@@ -101,11 +103,11 @@ def pipeline_from_run(
 
         train_split = load_splits(run.config).train
         n = run.config.batch_size if batch_size is None else int(batch_size)
-        x_raw, labels = train_split.x[:n], train_split.y[:n]
+        x_raw, raw_labels = train_split.x[:n], train_split.y[:n]
     else:
-        x_raw, labels = batch
+        x_raw, raw_labels = batch
     inputs = run.normalizer.apply(x_raw)
-    labels = np.asarray(labels)
+    labels = np.asarray(raw_labels)
     optimizer = make_optimizer(dataclasses.replace(run.config, schedule="constant"), 1)
 
     def update(params: Any, grads: Any) -> Any:
