@@ -220,7 +220,11 @@ def compare_lm(
             per_seed[name].append(_record(seed, run, text, base.history))
             if seed == settings.seeds[0]:
                 samples[name] = _sample(run.model, settings, k_sample)
-        scratch_keys = keys.split(k_scratch, len(settings.scratch), where="one key per from-scratch configuration")
+        scratch_keys = (
+            keys.split(k_scratch, len(settings.scratch), where="one key per from-scratch configuration")
+            if settings.scratch
+            else ()
+        )
         for name, k in zip(settings.scratch, scratch_keys, strict=True):
             label = f"{name}_scratch"
             emit({"event": "train", "config": label, "seed": seed, "steps": total})
