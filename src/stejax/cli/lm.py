@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import click
 from rich.console import Console
@@ -101,7 +103,7 @@ def train_command(
     data = build_corpus(corpus)
     k_init, k_train = keys.split(jax.random.key(seed), where="stejax lm train")
     init_seed = int(jax.random.randint(keys.consume(k_init, where="init seed"), (), 0, 2**31 - 1))
-    model = Transformer(model_config, rngs=nnx.Rngs(params=init_seed))
+    model: nnx.Module = Transformer(model_config, rngs=nnx.Rngs(params=init_seed))
     if from_run is not None:
         model = load_checkpoint(model, from_run / "params.safetensors")
     model = quantize_lm(model, config_name)
@@ -138,7 +140,7 @@ def train_command(
     with progress_bar(console) as progress:
         task = progress.add_task(config_name, total=steps)
 
-        def on_eval(record: dict) -> None:
+        def on_eval(record: Mapping[str, float]) -> None:
             progress.update(
                 task, completed=record["step"], description=f"{config_name} val {record['val_bpb']:.3f} bpb"
             )
@@ -207,7 +209,7 @@ def compare_command(
     with progress_bar(console) as progress:
         task = progress.add_task("references", total=runs)
 
-        def on_event(event: dict) -> None:
+        def on_event(event: Mapping[str, Any]) -> None:
             if event["event"] == "train":
                 progress.update(task, advance=1, description=f"{event['config']} seed {event['seed']}")
 

@@ -48,7 +48,7 @@ def _codes_and_scale(kernel: np.ndarray, config: LMQuant) -> tuple[np.ndarray, n
 
         s = _absmean_scale(w, BITNET_EPS)  # 1/gamma, as in the forward
         return np.asarray(jnp.clip(jnp.round(w * s), -1, 1), np.int8), np.asarray(s, np.float32).reshape(())
-    bits = int(config.weight_bits)
+    bits = int(config.weight_bits or 0)
     full = weight_scale(w, bits, config.group)
     codes = weight_codes(w, full, bits)
     compact = full[0] if config.group is None else full[:: config.group]
@@ -79,7 +79,7 @@ def _tensors(model: nnx.Module, config: LMQuant) -> tuple[dict[str, np.ndarray],
     for name, value in sorted(params.items()):
         site = name.rsplit("/", 1)[0]
         if site in quantised and name.endswith("/kernel"):
-            container = container_for(config.weight_bits)
+            container = container_for(float(config.weight_bits or 0))
             codes, scale = _codes_and_scale(value, config)
             tensors[f"{site}/codes"] = pack(codes, container)
             tensors[f"{site}/scale"] = scale
@@ -142,7 +142,7 @@ def export_lm(
     manifest = sign(
         {
             "format": LM_FORMAT,
-            "model": model.config.to_dict(),
+            "model": model.config.to_dict(),  # type: ignore[attr-defined]
             "config": config.to_dict(),
             "quantised": table,
             "files": {WEIGHTS: {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}},

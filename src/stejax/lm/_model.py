@@ -223,10 +223,11 @@ class Transformer(nnx.Module):
         x = self.embed(tokens.astype(jnp.int32))
         if self.config.positions == "learned":
             x = x + self.position(positions)
-        new_cache = []
+        new_cache: list[LayerCache] = []
         for i, block in enumerate(self.blocks):
             x, layer_cache = block(x, positions, None if cache is None else cache[i], start)
-            new_cache.append(layer_cache)
+            if layer_cache is not None:
+                new_cache.append(layer_cache)
         x = self.final_norm(x)
         logits = self.embed.attend(x) if self.config.tied else self.head(x)
         return logits.astype(jnp.float32), (None if cache is None else tuple(new_cache))

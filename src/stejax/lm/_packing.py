@@ -61,10 +61,10 @@ def pack(codes: np.ndarray, container: str) -> np.ndarray:
         return flat.astype(np.int8)
     digits = np.zeros(packed_bytes(container, flat.size) * per, np.int64)
     digits[: flat.size] = flat.astype(np.int64) - low
-    digits = digits.reshape(-1, per)
+    groups = digits.reshape(-1, per)
     base = 3 if container == "trit5" else 1 << (8 // per)
     weights = base ** np.arange(per, dtype=np.int64)
-    return (digits * weights).sum(axis=1).astype(np.uint8)
+    return (groups * weights).sum(axis=1).astype(np.uint8)
 
 
 def unpack(stored: np.ndarray, container: str, n: int) -> np.ndarray:

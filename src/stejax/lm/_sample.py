@@ -53,8 +53,12 @@ def _full(graphdef: Any, state: Any, tokens: jax.Array, index: jax.Array) -> jax
     return nnx.merge(graphdef, state)(tokens)[0, index]
 
 
+def _consumed(key: jax.Array | None) -> jax.Array | None:
+    return None if key is None else keys.consume(key, where="generate: draw")
+
+
 def _draw(logits: jax.Array, temperature: float, key: jax.Array | None) -> int:
-    if temperature == 0:
+    if temperature == 0 or key is None:
         return int(jnp.argmax(logits))
     return int(jax.random.categorical(key, logits / temperature))
 
@@ -83,7 +87,7 @@ def generate(
         holds that many positions).
     """
     keys.check_key(key)
-    context = model.config.context
+    context = model.config.context  # type: ignore[attr-defined]
     if not prompt:
         raise ValueError("generate: the prompt is empty; expected at least one byte.")
     if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:
@@ -96,22 +100,24 @@ def generate(
             f"{context}; expected at most {context} in all."
         )
     graphdef, state = nnx.split(model)
-    step_keys = keys.split(key, tokens, where="generate: one key per byte") if temperature > 0 else [None] * tokens
+    step_keys: list[jax.Array | None] = (
+        list(keys.split(key, tokens, where="generate: one key per byte")) if temperature > 0 else [None] * tokens
+    )
     sequence = list(prompt)
     drawn: list[np.ndarray] = []
     if cached:
         # Compile both shapes first, so that `seconds` is generation, not compilation.
-        warm = init_cache(model.config, 1)
+        warm = init_cache(model.config, 1)  # type: ignore[attr-defined]
         jax.block_until_ready(_extend(graphdef, state, jnp.asarray([sequence], jnp.uint8), warm, jnp.asarray(0)))
         jax.block_until_ready(_extend(graphdef, state, jnp.zeros((1, 1), jnp.uint8), warm, jnp.asarray(0)))
     tic = time.perf_counter()
     if cached:
-        cache = init_cache(model.config, 1)
+        cache = init_cache(model.config, 1)  # type: ignore[attr-defined]
         logits, cache = _extend(graphdef, state, jnp.asarray([sequence], jnp.uint8), cache, jnp.asarray(0))
         last = logits[0, -1]
         for i in range(tokens):
             drawn.append(np.asarray(last))
-            byte = _draw(last, temperature, None if step_keys[i] is None else keys.consume(step_keys[i]))
+            byte = _draw(last, temperature, _consumed(step_keys[i]))
             sequence.append(byte)
             if i + 1 < tokens:
                 position = jnp.asarray(len(sequence) - 1)
@@ -124,6 +130,6 @@ def generate(
             padded[0, : len(sequence)] = sequence
             last = _full(graphdef, state, jnp.asarray(padded), jnp.asarray(len(sequence) - 1))
             drawn.append(np.asarray(last))
-            sequence.append(_draw(last, temperature, None if step_keys[i] is None else keys.consume(step_keys[i])))
+            sequence.append(_draw(last, temperature, _consumed(step_keys[i])))
     seconds = time.perf_counter() - tic
     return Generation(tokens=bytes(sequence[len(prompt) :]), logits=np.stack(drawn), seconds=seconds)

@@ -168,7 +168,7 @@ def bits_per_byte(
     :math:`[wL+1, (w+1)L]`, :math:`L` the model's context; the last, shorter
     window is scored too.
     """
-    length = model.config.context
+    length = model.config.context  # type: ignore[attr-defined]
     text = np.asarray(text, np.uint8)
     n = (text.size - 1 + length - 1) // length
     if max_windows is not None:
@@ -223,14 +223,14 @@ def train_lm(
       ValueError: a stream shorter than one window.
     """
     keys.check_key(key)
-    length = model.config.context + 1
-    for name, stream in (("train", train), ("validation", validation)):
-        if np.asarray(stream).size < length + 1:
-            raise ValueError(f"train_lm: the {name} stream has {np.asarray(stream).size} bytes; expected > {length}.")
+    length = model.config.context + 1  # type: ignore[attr-defined]
+    for name, given in (("train", train), ("validation", validation)):
+        if np.asarray(given).size < length + 1:
+            raise ValueError(f"train_lm: the {name} stream has {np.asarray(given).size} bytes; expected > {length}.")
     optimizer, schedule = make_optimizer(settings)
-    graphdef, params, rest = nnx.split(nnx.clone(model), nnx.Param, ...)
+    graphdef, params, rest = nnx.split(nnx.clone(model), nnx.Param, ...)  # type: ignore[misc]
     opt_state = optimizer.init(params)
-    stream = jnp.asarray(np.asarray(train, np.uint8))
+    stream: jax.Array = jnp.asarray(np.asarray(train, np.uint8))
     high = stream.size - length
 
     @jax.jit
