@@ -125,6 +125,13 @@ def full_tangents(args, diff_argnums, tangents):
     return tuple(full)
 
 
+def _tangent_map(s: Subject) -> Callable[..., Any]:
+    """The declared tangent map of a subject without ``partials`` (it declares one or the other)."""
+    if s.tangent_map is None:
+        raise ValueError("a subject declares `partials` or a `tangent_map`; this one has neither.")
+    return s.tangent_map
+
+
 def evaluate(s: Subject, args, tangents, cotangent, *, value: bool = True, ones: bool = False) -> dict[str, Any]:
     """The JVP and VJP of ``s.fn`` at ``args`` and the declaration there; traceable.
 
@@ -146,8 +153,9 @@ def evaluate(s: Subject, args, tangents, cotangent, *, value: bool = True, ones:
     if s.partials is not None:
         out["partials"] = s.partials(*args)
     else:
-        m = s.tangent_map(args, tuple(tangents))
-        transpose = jax.linear_transpose(lambda *ts: s.tangent_map(args, ts), *tangents)
+        tangent_map = _tangent_map(s)
+        m = tangent_map(args, tuple(tangents))
+        transpose = jax.linear_transpose(lambda *ts: tangent_map(args, ts), *tangents)
         out["map"] = m
         out["map_ct"] = transpose(c.astype(jnp.result_type(m)))
         if ones:
@@ -473,7 +481,10 @@ class DtypeRun:
             return primal, jt, pull(cotangent.astype(jnp.result_type(primal)))
 
         primal, jt, cts = step("tracing jvp and vjp", lambda: jax.eval_shape(shapes))
-        ps, ts = jax.tree.structure(primal), jax.tree.structure(jt)
+        # Annotated: the return type jax declares for structure() names an extension type
+        # without a stub, which mypy cannot resolve and then refuses to compare.
+        ps: jax.tree_util.PyTreeDef = jax.tree.structure(primal)
+        ts: jax.tree_util.PyTreeDef = jax.tree.structure(jt)
         if ps != ts:
             raise CheckFailed(f"the tangent's pytree structure {ts} differs from the primal's {ps}.")
         for p, t in zip(jax.tree.leaves(primal), jax.tree.leaves(jt), strict=True):
@@ -735,7 +746,9 @@ class DtypeRun:
         linearity = "linearity" in self.kinds
         n = len(t1)
 
-        def f(a, t1, t2, t12):
+        def f(
+            a: tuple[jax.Array, ...], t1: tuple[jax.Array, ...], t2: tuple[jax.Array, ...], t12: tuple[jax.Array, ...]
+        ) -> dict[str, Any]:
             def jvp(t):
                 return jax.jvp(s.fn, a, full_tangents(a, s.diff_argnums, t))
 
@@ -748,7 +761,8 @@ class DtypeRun:
             if s.partials is not None:
                 out["partials"] = s.partials(*a)
             else:
-                out["maps"] = [s.tangent_map(a, only) for only in per_arg]
+                tangent_map = _tangent_map(s)
+                out["maps"] = [tangent_map(a, only) for only in per_arg]
             return out
 
         as_jax = lambda ts: tuple(jnp.asarray(t) for t in ts)  # noqa: E731
@@ -921,8 +935,8 @@ class SharedProgram:
         def program(inputs):
             return [f(*i) for f, i in zip(functions, inputs, strict=True)]
 
-        self.lowered = None
-        self.compiled = None
+        self.lowered: jax.stages.Lowered | None = None
+        self.compiled: jax.stages.Compiled | None = None
         if self.keys:
             try:
                 self.lowered = jax.jit(program).lower(self.inputs)

@@ -80,14 +80,16 @@ def total(parts: Sequence[Expected], dtype: np.dtype, tol: Tolerance) -> Expecte
     """The sum of several declared terms of one shape (a tangent on several arguments)."""
     if len(parts) == 1:
         return parts[0]
-    value = sum(p.value for p in parts)
+    # The start is a float64 zero (as the int 0 it replaces, it turns a -0.0 sum into 0.0)
+    # so that the sum is an array for the type checker too.
+    value = sum((p.value for p in parts), np.zeros(()))
     nonzero = sum((p.value != 0).astype(int) for p in parts)
     exact = np.logical_and.reduce([p.exact for p in parts]) & representable(value, dtype, tol)
     if dtype == np.float64:
         exact &= nonzero <= 1
     return Expected(
         value=value,
-        magnitude=sum(p.magnitude for p in parts),
+        magnitude=sum((p.magnitude for p in parts), np.zeros(())),
         exact=exact,
         ulps=tol.tangent_ulps + 1,
         floor=tol.tiny * len(parts),

@@ -49,8 +49,9 @@ def rng_for(seed: int, *labels: str) -> np.random.Generator:
     return np.random.default_rng([seed, *(zlib.crc32(label.encode()) for label in labels)])
 
 
-def _uint(dtype: np.dtype) -> type:
-    return {2: np.uint16, 4: np.uint32, 8: np.uint64}[dtype.itemsize]
+def _uint(dtype: np.dtype) -> type[np.unsignedinteger[Any]]:
+    by_size: dict[int, type[np.unsignedinteger[Any]]] = {2: np.uint16, 4: np.uint32, 8: np.uint64}
+    return by_size[dtype.itemsize]
 
 
 def next_float(values: np.ndarray, direction: int) -> np.ndarray:
@@ -73,7 +74,7 @@ def next_float(values: np.ndarray, direction: int) -> np.ndarray:
     return out.view(dtype)
 
 
-def boundary_triplets(points: Sequence[float], dtype: np.dtype) -> np.ndarray:
+def boundary_triplets(points: Sequence[float] | np.ndarray, dtype: np.dtype) -> np.ndarray:
     """The float below, the point itself and the float above, for each finite point."""
     at = np.asarray(points, np.float64).astype(dtype)
     at = at[np.isfinite(at.astype(np.float64))]

@@ -206,8 +206,10 @@ def environment(dtypes: Sequence[Any], tolerances: Mapping[str, Any], **extra: A
         "device_kind": devices[0].device_kind if devices else "none",
         "jax": jax.__version__,
         "jaxlib": jaxlib.__version__,
-        "x64": bool(jax.config.jax_enable_x64),
-        "dtype_promotion": str(jax.config.jax_numpy_dtype_promotion),
+        # Read through `values` (the same holders as the attributes jax adds to Config at
+        # run time, which its class does not declare).
+        "x64": bool(jax.config.values["jax_enable_x64"]),
+        "dtype_promotion": str(jax.config.values["jax_numpy_dtype_promotion"]),
         "python": platform.python_version(),
         "numpy": np.__version__,
         "stejax": stejax_version,

@@ -200,7 +200,7 @@ def make_subject(fn, reference, derivative, tangent_map, diff: tuple[int, ...]) 
 
 def resolve_dtypes(dtypes: Iterable[Any] | None) -> tuple[np.dtype, ...]:
     """The dtypes to check: the default set, or the given ones validated."""
-    x64 = bool(jax.config.jax_enable_x64)
+    x64 = bool(jax.config.read("jax_enable_x64"))
     if dtypes is None:
         names = ["float16", "bfloat16", "float32"] + (["float64"] if x64 else [])
         return tuple(np.dtype(n) for n in names)
