@@ -165,11 +165,12 @@ def _loss_at(result, epoch: int) -> float | None:
 
 
 def _summarise(name: str, n_layers: int, n_steps: int, result) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    spiking = CONFIGS[name] is not None
+    spike = CONFIGS[name]
+    spiking = spike is not None
     acc = result.test_accuracy
     entry = {
         "surrogate": _surrogate_of(name),
-        "surrogate_params": dict(CONFIGS[name].params) if spiking else {},
+        "surrogate_params": dict(spike.params) if spike is not None else {},
         "hidden_layers": n_layers,
         "T": n_steps,
         "test_accuracy_mean": float(acc.mean()),

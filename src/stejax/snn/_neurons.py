@@ -186,7 +186,9 @@ def _flush_subnormal(z: jax.Array) -> jax.Array:
     return z + lax.stop_gradient(correction)
 
 
-def _fire_and_reset(spike: Spike, reset: str, reset_grad: bool, v: jax.Array, theta: jax.Array):
+def _fire_and_reset(
+    spike: Spike, reset: str, reset_grad: bool, v: jax.Array, theta: jax.Array
+) -> tuple[jax.Array, jax.Array]:
     s = spike(_flush_subnormal(v - theta))
     r = s if reset_grad else lax.stop_gradient(s)
     if reset == "subtract":
@@ -210,6 +212,10 @@ class _SpikingNeuron:
             raise ValueError(f"{type(self).__name__}: reset must be one of {RESETS}; got {self.reset!r}.")
         if not isinstance(self.reset_grad, bool):
             raise TypeError(f"{type(self).__name__}: reset_grad must be a bool; got {self.reset_grad!r}.")
+
+    def _fire(self, v: jax.Array, theta: jax.Array) -> tuple[jax.Array, jax.Array]:
+        # ``spike`` is a Spike since __post_init__ (as_spike returns a Spike as it is): this only narrows its type.
+        return _fire_and_reset(as_spike(self.spike), self.reset, self.reset_grad, v, theta)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -248,7 +254,7 @@ class Leaky(_SpikingNeuron):
         """One time step: ``(membrane after reset, spikes)``, both of ``x``'s shape and dtype."""
         x = _check_input(x, state, "Leaky.step")
         v = _decay(params.decay_logit, x) * state + x
-        return _fire_and_reset(self.spike, self.reset, self.reset_grad, v, _like(params.threshold, x))
+        return self._fire(v, _like(params.threshold, x))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -286,7 +292,7 @@ class Synaptic(_SpikingNeuron):
         x = _check_input(x, state.membrane, "Synaptic.step")
         i = _decay(params.syn_decay_logit, x) * state.current + x
         v = _decay(params.decay_logit, x) * state.membrane + i
-        u, s = _fire_and_reset(self.spike, self.reset, self.reset_grad, v, _like(params.threshold, x))
+        u, s = self._fire(v, _like(params.threshold, x))
         return SynapticState(i, u), s
 
 
@@ -330,7 +336,7 @@ class RecurrentLeaky(_SpikingNeuron):
             )
         feedback = jnp.matmul(state.spikes, params.recurrent.astype(x.dtype))
         v = _decay(params.decay_logit, x) * state.membrane + (x + feedback)
-        u, s = _fire_and_reset(self.spike, self.reset, self.reset_grad, v, _like(params.threshold, x))
+        u, s = self._fire(v, _like(params.threshold, x))
         return RecurrentState(u, s), s
 
 
@@ -378,7 +384,7 @@ class AdaptiveLeaky(_SpikingNeuron):
         x = _check_input(x, state.membrane, "AdaptiveLeaky.step")
         theta = _like(params.threshold, x) + _like(params.adapt_strength, x) * state.adaptation
         v = _decay(params.decay_logit, x) * state.membrane + x
-        u, s = _fire_and_reset(self.spike, self.reset, self.reset_grad, v, theta)
+        u, s = self._fire(v, theta)
         rho = _decay(params.adapt_decay_logit, x)
         a = rho * state.adaptation + (1 - rho) * s
         return AdaptiveState(u, a), s

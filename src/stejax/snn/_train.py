@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -33,6 +33,9 @@ from stejax.data import Splits, load_digits, split
 from stejax.snn._encode import rate
 from stejax.snn._losses import accuracy_rate, ce_mean_membrane, ce_per_step, spike_stats
 from stejax.snn._network import NetConfig, forward, init_net
+
+if TYPE_CHECKING:  # training needs optax (stejax[train]); the package imports without it
+    import optax
 
 __all__ = ["SNNTrainConfig", "SeedsResult", "load_seed_splits", "make_train_step", "train_seeds"]
 
@@ -99,7 +102,7 @@ def _scale(x: np.ndarray, top: float) -> np.ndarray:
     return np.clip(np.asarray(x, np.float32) / np.float32(top), 0.0, 1.0)
 
 
-def make_optimizer(config: SNNTrainConfig, steps_per_epoch: int):
+def make_optimizer(config: SNNTrainConfig, steps_per_epoch: int) -> optax.GradientTransformation:
     """Adam (AdamW with ``weight_decay``), the rate cosine-decayed to 0 over ``epochs * steps_per_epoch`` steps."""
     import optax
 
@@ -121,7 +124,9 @@ def make_optimizer(config: SNNTrainConfig, steps_per_epoch: int):
     return optax.GradientTransformation(init, update)
 
 
-def make_train_step(net: NetConfig, config: SNNTrainConfig, optimizer) -> Callable[..., Any]:
+def make_train_step(
+    net: NetConfig, config: SNNTrainConfig, optimizer: optax.GradientTransformation
+) -> Callable[..., Any]:
     """One training step ``(params, opt_state, x, y, key) -> (params, opt_state, loss, finite)``.
 
     ``x`` is a batch of intensities ``(B, F)`` in [0, 1], rate-encoded with
@@ -145,7 +150,9 @@ def make_train_step(net: NetConfig, config: SNNTrainConfig, optimizer) -> Callab
     return train_step
 
 
-def _make_epoch(net: NetConfig, config: SNNTrainConfig, optimizer, n_train: int):
+def _make_epoch(
+    net: NetConfig, config: SNNTrainConfig, optimizer: optax.GradientTransformation, n_train: int
+) -> Callable[..., Any]:
     train_step = make_train_step(net, config, optimizer)
     n_batches = n_train // config.batch_size
 

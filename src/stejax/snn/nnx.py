@@ -22,7 +22,7 @@ Example:
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, Protocol
 
 import jax
 from flax import nnx
@@ -42,10 +42,19 @@ def _var(value: jax.Array, learn: bool) -> nnx.Variable:
     return nnx.Param(value) if learn else Fixed(value)
 
 
+class _NeuronStep(Protocol):
+    """What a module needs of its pure neuron (:class:`stejax.snn.Leaky` and the others)."""
+
+    def init_state(self, shape: tuple[int, ...], dtype: Any = ...) -> Any: ...
+
+    def step(self, params: Any, state: Any, x: jax.Array) -> tuple[Any, jax.Array]: ...
+
+
 class _Neuron(nnx.Module):
     _params_type: Any = None
+    neuron: _NeuronStep  # set by each subclass's __init__
 
-    def _params(self):
+    def _params(self) -> Any:
         return self._params_type(*(getattr(self, f)[...] for f in self._params_type._fields))
 
     def init_state(self, shape: tuple[int, ...], dtype: Any = jax.numpy.float32) -> Any:
