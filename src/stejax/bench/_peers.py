@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from stejax.bench._measure import compare, standard_promotion
+from stejax.bench._nnx import nnx_steps
 from stejax.data import Normalizer
 from stejax.model import MLPConfig, init_params, preset
 
@@ -120,7 +121,7 @@ def peers_suite(*, repeats: int, warmup: int, quick: bool) -> dict[str, Any]:
             qwix_model = qwix.quantize_model(float_model, qwix.QtProvider(rules), x)
         # Outside standard_promotion: the promotion mode is part of jit's trace cache key,
         # and the timed calls run in the caller's mode.
-        calls.update(_nnx_steps(nnx, optax, optimizer, {"flax float": float_model, "qwix int8": qwix_model}, x, y))
+        calls.update(nnx_steps(nnx, optax, optimizer, {"flax float": float_model, "qwix int8": qwix_model}, x, y))
     notes += sorted({f"{w.category.__name__} from a peer library: {' '.join(str(w.message).split())}" for w in caught})
 
     ratios = [
@@ -214,35 +215,6 @@ def _int8_step(optimizer):
         return optax.apply_updates(params, updates), opt_state, value
 
     return jax.jit(step)
-
-
-def _nnx_steps(nnx, optax, optimizer, models, x, y) -> dict[str, Any]:
-    """A jitted functional training step per NNX model (``nnx.split`` outside, ``nnx.merge`` inside)."""
-    calls: dict[str, Any] = {"_quantised_dots": 0}
-    for label, model in models.items():
-        graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-
-        def loss_fn(params, x, y, graphdef=graphdef, rest=rest):
-            logits = nnx.merge(graphdef, params, rest)(x)
-            return jnp.mean(optax.softmax_cross_entropy_with_integer_labels(logits, y))
-
-        def nnx_step(params, opt_state, x, y, loss_fn=loss_fn):
-            with standard_promotion():
-                value, grads = jax.value_and_grad(loss_fn)(params, x, y)
-                updates, opt_state = optimizer.update(grads, opt_state, params)
-                return optax.apply_updates(params, updates), opt_state, value
-
-        step = jax.jit(nnx_step)
-        state = optimizer.init(params)
-        # Trace now, inside the caller's warning filter (Flax warns while tracing Qwix's
-        # interception); the timed calls reuse the trace and compile on the first call.
-        step.trace(params, state, x, y)
-        if label == "qwix int8":
-            # Proof that Qwix quantised the products (else this would time a float model).
-            with standard_promotion():
-                calls["_quantised_dots"] = str(jax.make_jaxpr(loss_fn)(params, x, y)).count("dot_general_qt")
-        calls[label] = lambda step=step, p=params, s=state: step(p, s, x, y)
-    return calls
 
 
 def _importable(name: str) -> bool:

@@ -4,7 +4,7 @@ Two models from :mod:`stejax.flax.models`: the digits CNN (two ``nnx.Conv``,
 one ``nnx.Linear``) and a transformer block with ``nnx.MultiHeadAttention``.
 One int8 scheme for both libraries: absmax per-channel weights recomputed each
 step, dynamic int8 activations, straight-through backward. Each group times one
-jitted training step (the functional form of :func:`stejax.bench._peers._nnx_steps`,
+jitted training step (the functional form of :func:`stejax.bench._nnx.nnx_steps`,
 the same optax optimiser object) for ``flax float``, ``qwix int8`` and ``stejax
 int8``, interleaved, and reports ``stejax int8 / qwix int8`` per round.
 """
@@ -31,7 +31,7 @@ def rules_peer_groups(*, repeats: int, warmup: int, quick: bool) -> tuple[list[d
     import qwix
     from flax import nnx
 
-    from stejax.bench._peers import _nnx_steps
+    from stejax.bench._nnx import nnx_steps
     from stejax.flax import Quant, Rule, quantize_model, summary
     from stejax.flax.models import AttentionBlock, DigitsCNN
 
@@ -63,7 +63,7 @@ def rules_peer_groups(*, repeats: int, warmup: int, quick: bool) -> tuple[list[d
                 qwix_model = qwix.quantize_model(float_model, qwix.QtProvider(qwix_rules), x)
                 stejax_model = quantize_model(make(), stejax_rules, x)
             models = {"flax float": float_model, "qwix int8": qwix_model, "stejax int8": stejax_model}
-            calls = _nnx_steps(nnx, optax, optimizer, models, x, y)
+            calls = nnx_steps(nnx, optax, optimizer, models, x, y)
         notes += sorted(
             {f"{w.category.__name__} from a peer library: {' '.join(str(w.message).split())}" for w in caught}
         )
