@@ -20,8 +20,6 @@ from stejax.train._compare import paired_delta as paired_delta
 from stejax.train._compare import time_steps as time_steps
 from stejax.train._config import TrainConfig as TrainConfig
 from stejax.train._config import make_optimizer as make_optimizer
-from stejax.train._loop import KeyCheck as KeyCheck
-from stejax.train._loop import TrainResult as TrainResult
 from stejax.train._loop import load_splits as load_splits
 from stejax.train._loop import train as train
 from stejax.train._parallel import DATA_AXIS as DATA_AXIS
@@ -32,6 +30,8 @@ from stejax.train._parallel import gather as gather
 from stejax.train._parallel import param_shardings as param_shardings
 from stejax.train._parallel import place as place
 from stejax.train._parallel import shard_batch as shard_batch
+from stejax.train._result import KeyCheck as KeyCheck
+from stejax.train._result import TrainResult as TrainResult
 from stejax.train._rundir import Run as Run
 from stejax.train._rundir import load_params as load_params
 from stejax.train._rundir import load_run as load_run

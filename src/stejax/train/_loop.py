@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import time
 from collections.abc import Callable, Mapping
@@ -17,7 +16,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from stejax import keys
 from stejax.data import Normalizer, Splits, batches, load_digits, split
-from stejax.model import ModelConfig, QATConfig, init_params
+from stejax.model import init_params
 from stejax.train._config import TrainConfig, make_optimizer
 from stejax.train._parallel import (
     DATA_AXIS,
@@ -28,6 +27,7 @@ from stejax.train._parallel import (
     place,
     shard_batch,
 )
+from stejax.train._result import KeyCheck, TrainResult
 from stejax.train._step import (
     Batch,
     compiled_evaluate,
@@ -41,88 +41,6 @@ __all__ = ["KeyCheck", "TrainResult", "load_splits", "train"]
 
 # Rows of the (standardised) training set used to initialise the LSQ input steps.
 CALIBRATION_ROWS = 256
-
-
-@dataclasses.dataclass(frozen=True)
-class KeyCheck:
-    """What ``train(..., debug_keys=n)`` proved about the key stream.
-
-    Attributes:
-      steps: how many steps ran eagerly under :func:`stejax.keys.checked`.
-      keys_recorded: how many distinct keys the ledger saw (made or consumed).
-      unused: where each key that was made but never consumed in the checked part
-        was made. The loop carries exactly one key forward, so this has one entry
-        when every other subkey was consumed.
-    """
-
-    steps: int
-    keys_recorded: int
-    unused: tuple[str, ...]
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict."""
-        return {"steps": self.steps, "keys_recorded": self.keys_recorded, "unused": list(self.unused)}
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class TrainResult:
-    """The outcome of :func:`train`.
-
-    Attributes:
-      config: the recipe.
-      model_config: the model it built.
-      qat_config: the QAT configuration.
-      params: the best parameters (highest validation accuracy; on ties the lower
-        validation loss), float32 leaves.
-      normalizer: the feature standardisation fitted on the training split.
-      history: one record per epoch, as written to ``metrics.jsonl``.
-      best_epoch: the 1-based epoch of ``params``.
-      best_val_accuracy: the validation accuracy of ``params``.
-      test_loss: the test cross-entropy of ``params`` (computed once, at the end).
-      test_accuracy: the test accuracy of ``params``, a fraction.
-      n_test: the number of test examples.
-      stopped_early: whether patience ended the run before ``config.epochs``.
-      seconds: the wall time of the whole run.
-      key_check: the key ledger's findings with ``debug_keys``, else None.
-      devices: the number of devices the batch was split over (1 without a mesh).
-      param_sharding: ``"replicated"`` or ``"sharded"`` with a mesh, else None.
-    """
-
-    config: TrainConfig
-    model_config: ModelConfig
-    qat_config: QATConfig
-    params: Any
-    normalizer: Normalizer
-    history: tuple[dict[str, Any], ...]
-    best_epoch: int
-    best_val_accuracy: float
-    test_loss: float
-    test_accuracy: float
-    n_test: int
-    stopped_early: bool
-    seconds: float
-    key_check: KeyCheck | None = None
-    devices: int = 1
-    param_sharding: str | None = None
-
-    def report(self) -> dict[str, Any]:
-        """The run's ``report.json`` content."""
-        return {
-            "preset": self.config.preset,
-            "seed": self.config.seed,
-            "test_accuracy": self.test_accuracy,
-            "test_loss": self.test_loss,
-            "n_test": self.n_test,
-            "best_epoch": self.best_epoch,
-            "best_val_accuracy": self.best_val_accuracy,
-            "epochs_run": len(self.history),
-            "stopped_early": self.stopped_early,
-            "seconds": self.seconds,
-            "key_check": None if self.key_check is None else self.key_check.to_dict(),
-            "devices": self.devices,
-            "processes": jax.process_count(),
-            "param_sharding": self.param_sharding,
-        }
 
 
 def load_splits(config: TrainConfig) -> Splits:

@@ -6,7 +6,7 @@ import dataclasses
 import json
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -16,10 +16,8 @@ from stejax._files import InputFileError, read_json, read_json_lines, read_safet
 from stejax.data import Normalizer, Splits
 from stejax.model import ConvConfig, MLPConfig, ModelConfig, QATConfig, check_params, param_spec
 from stejax.train._config import TrainConfig
+from stejax.train._result import TrainResult
 from stejax.train._step import leaf_name
-
-if TYPE_CHECKING:
-    from stejax.train._loop import TrainResult
 
 __all__ = ["FORMAT", "Run", "load_params", "load_run", "save_params", "save_run"]
 

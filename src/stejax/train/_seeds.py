@@ -19,7 +19,8 @@ from stejax import keys
 from stejax.data import Normalizer, Splits
 from stejax.model import ConvConfig, ModelConfig, QATConfig, init_params
 from stejax.train._config import TrainConfig, make_optimizer
-from stejax.train._loop import CALIBRATION_ROWS, TrainResult, load_splits
+from stejax.train._loop import CALIBRATION_ROWS, load_splits
+from stejax.train._result import TrainResult
 from stejax.train._step import Batch, NonFiniteError, _evaluate, compiled_update, needs_key, raise_if_nonfinite, update
 
 __all__ = ["train_seeds"]
