@@ -69,14 +69,17 @@ def _int_weights(w: jax.Array, *, bits: int, group: int | None, ste: bool) -> ja
 def weight_quantiser(bits: float, *, group: int | None = None, ste: bool = True) -> Quantiser:
     """The weight quantiser for ``bits`` (8, 4, 2; 1.58 for BitNet's absmean ternary).
 
+    In the example each group of two rows has its own scale per column
+    (7/7 and 1/7 in the first; -3.5 is a tie and rounds to the even code -4).
+
     Example:
       >>> import jax.numpy as jnp
       >>> q = weight_quantiser(4, group=2)
       >>> q(jnp.array([[7.0, 1.0], [-3.5, 0.2], [1.0, 1.0], [0.5, 0.0]]))
-      Array([[ 7. ,  1. ],
-             [-3.5,  0.2],
-             [ 1. ,  1. ],
-             [ 0.5,  0. ]], dtype=float32)
+      Array([[ 7.        ,  1.        ],
+             [-4.        ,  0.14285715],
+             [ 1.        ,  1.        ],
+             [ 0.42857146,  0.        ]], dtype=float32)
     """
     if bits == 1.58:
         if not ste:
@@ -101,7 +104,7 @@ def activation_quantiser(bits: int, *, ste: bool = True) -> Quantiser:
     Example:
       >>> import jax.numpy as jnp
       >>> activation_quantiser(8)(jnp.array([[1.0, -0.5, 0.001]]))
-      Array([[ 1.       , -0.503937 ,  0.       ]], dtype=float32)
+      Array([[ 1.      , -0.503937,  0.      ]], dtype=float32)
     """
     if bits not in (4, 8):
         raise ValueError(f"activation_quantiser: bits must be 8 or 4; got {bits!r}.")
