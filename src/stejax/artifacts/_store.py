@@ -24,7 +24,7 @@ from stejax.export._configs import model_config_from_dict
 from stejax.export._convert import layer_specs
 from stejax.export._export import WEIGHTS_FORMAT, encode_evidence
 from stejax.export._model import LayerSpec, tensor_table, unflatten_weights
-from stejax.model import preset
+from stejax.model import QATConfig, preset
 
 __all__ = [
     "FORMAT",
@@ -384,7 +384,13 @@ def _layers_from_manifest(manifest: dict[str, Any], where: Path) -> tuple[tuple[
     try:
         layers = tuple(LayerSpec.from_dict(d) for d in contract["layers"])
         model_config = model_config_from_dict(contract["model_config"])
-        qat = preset(manifest["quantization"]["preset"])
+        quantization = manifest["quantization"]
+        # The whole configuration when recorded (any QAT configuration), else the preset's name.
+        qat = QATConfig.from_dict(quantization["qat"]) if "qat" in quantization else preset(quantization["preset"])
+        if qat.name != quantization["preset"]:
+            raise ValueError(
+                f"quantization.qat is named {qat.name!r} but quantization.preset is {quantization['preset']!r}"
+            )
         input_shape = tuple(int(v) for v in contract["input"]["shape"])
         n_classes = int(contract["output"]["n_classes"])
     except (KeyError, TypeError, ValueError) as e:

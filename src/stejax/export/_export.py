@@ -156,6 +156,7 @@ def export_run(
     n = len(model.layers)
     quantization = {
         "preset": run.qat_config.name,
+        "qat": run.qat_config.to_dict(),
         "describe": run.qat_config.describe(),
         "layers": [
             {

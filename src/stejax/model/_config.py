@@ -268,6 +268,76 @@ class QATConfig:
             return self.last
         return self.hidden
 
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict that :meth:`from_dict` reads back (``None`` for float and "as hidden")."""
+
+        def quantizer(q: Quantizer | None) -> dict[str, Any] | None:
+            return None if q is None else {"method": q.method, "bits": q.bits, "granularity": q.granularity}
+
+        def layer(lq: LayerQuant | None) -> dict[str, Any] | None:
+            if lq is None:
+                return None
+            return {"weights": quantizer(lq.weights), "activations": quantizer(lq.activations)}
+
+        return {"name": self.name, "hidden": layer(self.hidden), "first": layer(self.first), "last": layer(self.last)}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> QATConfig:
+        """A configuration from a mapping such as :meth:`to_dict` writes: any bits, methods and layer policy.
+
+        ``{"name": "w3a3", "hidden": {"weights": {"method": "lsq", "bits": 3}, "activations":
+        {"method": "lsq", "bits": 3}}, "first": {...}, "last": {...}}``; a quantiser's
+        ``granularity`` defaults to ``"tensor"``; a missing or null quantiser is float, and a
+        missing or null ``first``/``last`` means "as ``hidden``".
+
+        Raises:
+          ValueError: an unknown key (the message names where and lists the known ones) or an
+            invalid quantiser.
+          TypeError: a value of the wrong type.
+
+        Example:
+          >>> from stejax.model import QATConfig
+          >>> w3 = {"weights": {"method": "lsq", "bits": 3}, "activations": {"method": "lsq", "bits": 3}}
+          >>> QATConfig.from_dict({"name": "w3a3", "hidden": w3}).layer(1, 3).describe()
+          'weights 3-bit lsq (per tensor), activations 3-bit lsq'
+        """
+
+        def mapping(where: str, value: Any, known: tuple[str, ...]) -> dict[str, Any]:
+            if not isinstance(value, dict):
+                raise TypeError(f"QATConfig.from_dict: {where} must be a mapping; got {value!r}.")
+            unknown = [k for k in value if k not in known]
+            if unknown:
+                raise ValueError(f"QATConfig.from_dict: unknown key {unknown[0]!r} in {where}; known: {list(known)}.")
+            return value
+
+        def quantizer(where: str, value: Any) -> Quantizer | None:
+            if value is None:
+                return None
+            q = mapping(where, value, ("method", "bits", "granularity"))
+            missing = [k for k in ("method", "bits") if k not in q]
+            if missing:
+                raise ValueError(f"QATConfig.from_dict: {where} needs {missing[0]!r}; got {q!r}.")
+            return Quantizer(q["method"], q["bits"], q.get("granularity", "tensor"))
+
+        def layer(where: str, value: Any) -> LayerQuant | None:
+            if value is None:
+                return None
+            lq = mapping(where, value, ("weights", "activations"))
+            return LayerQuant(
+                quantizer(f"{where}.weights", lq.get("weights")),
+                quantizer(f"{where}.activations", lq.get("activations")),
+            )
+
+        d = mapping("the configuration", data, ("name", "hidden", "first", "last"))
+        if not isinstance(d.get("name"), str) or not d["name"]:
+            raise ValueError(f"QATConfig.from_dict: the configuration needs a non-empty 'name'; got {d.get('name')!r}.")
+        return cls(
+            d["name"],
+            layer("hidden", d.get("hidden")) or LayerQuant(),
+            layer("first", d.get("first")),
+            layer("last", d.get("last")),
+        )
+
     def describe(self) -> str:
         """One sentence for a report, naming the first/last layer policy."""
         text = f"{self.name}: hidden layers {self.hidden.describe()}"

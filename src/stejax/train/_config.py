@@ -37,11 +37,13 @@ def _int(name: str, value: Any, *, low: int) -> int:
 def _float(name: str, value: Any, *, low: float, high: float, low_open: bool = False) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"TrainConfig: {name} must be a float; got {value!r} of type {type(value).__name__}.")
-    ok = math.isfinite(value) and (value > low if low_open else value >= low) and value < high
+    # Check the float that is stored: numbers.Real declares no comparisons.
+    number = float(value)
+    ok = math.isfinite(number) and (number > low if low_open else number >= low) and number < high
     if not ok:
         interval = f"{'(' if low_open else '['}{low}, {high})"
         raise ValueError(f"TrainConfig: {name} must be a float in {interval}; got {value}.")
-    return float(value)
+    return number
 
 
 def _choice(name: str, value: Any, options: tuple[str, ...]) -> str:
@@ -67,7 +69,13 @@ class TrainConfig:
     stratified holdout (``benchmarks/recipe_cv.py``); the test split played no part.
 
     Attributes:
-      preset: the QAT preset, one of :data:`stejax.model.PRESETS` (default ``"float"``).
+      preset: the QAT preset, one of :data:`stejax.model.PRESETS` (default ``"float"``),
+        or the name of ``qat`` when that is given.
+      qat: any other QAT configuration (a :class:`stejax.model.QATConfig`; in a
+        JSON file the mapping :meth:`stejax.model.QATConfig.from_dict` reads:
+        method, bits and granularity of the weights and inputs of the hidden, first
+        and last layers), or None (default) for the preset. Its name may not be a
+        preset's unless it is that preset.
       model: ``"cnn"`` (default) or ``"mlp"``.
       hidden: the MLP's hidden widths (default ``(256, 256)``).
       channels: the CNN's convolution channels (default ``(32, 64)``).
@@ -120,10 +128,28 @@ class TrainConfig:
     val_fraction: float = 0.15
     test_fraction: float = 0.15
     normalize: str = "global"
+    qat: QATConfig | None = None
 
     def __post_init__(self):
         set_ = functools.partial(object.__setattr__, self)
-        set_("preset", _choice("preset", self.preset, PRESETS))
+        if self.qat is None:
+            if self.preset not in PRESETS:
+                raise ValueError(
+                    f"TrainConfig: preset must be one of {list(PRESETS)}; got {self.preset!r}. Any other "
+                    "QAT configuration is given as qat (see stejax.model.QATConfig.from_dict)."
+                )
+        else:
+            if not isinstance(self.qat, QATConfig):
+                raise TypeError(f"TrainConfig: qat must be a QATConfig or None; got {type(self.qat).__name__}.")
+            if self.preset != self.qat.name:
+                raise ValueError(
+                    f"TrainConfig: with qat given, preset names it and must be {self.qat.name!r}; got {self.preset!r}."
+                )
+            if self.qat.name in PRESETS and self.qat != preset(self.qat.name):
+                raise ValueError(
+                    f"TrainConfig: qat is named {self.qat.name!r} like a preset but differs from it; "
+                    "give it a name of its own (reports and targets go by name)."
+                )
         set_("model", _choice("model", self.model, MODELS))
         set_("hidden", _widths("hidden", self.hidden))
         set_("channels", _widths("channels", self.channels))
@@ -157,8 +183,8 @@ class TrainConfig:
             )
 
     def qat_config(self) -> QATConfig:
-        """The QAT configuration of :attr:`preset`."""
-        return preset(self.preset)
+        """The QAT configuration: :attr:`qat` if given, else the preset's."""
+        return self.qat if self.qat is not None else preset(self.preset)
 
     def model_config(self, data: Dataset) -> ModelConfig:
         """The model for ``data``: its feature count and classes, this config's widths and dropout.
@@ -187,9 +213,11 @@ class TrainConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """The fields as a JSON-ready dict (tuples become lists)."""
-        return {
+        out = {
             f.name: list(v) if isinstance(v := getattr(self, f.name), tuple) else v for f in dataclasses.fields(self)
         }
+        out["qat"] = None if self.qat is None else self.qat.to_dict()
+        return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], **overrides: Any) -> TrainConfig:
@@ -215,7 +243,12 @@ class TrainConfig:
         unknown = [k for k in merged if k not in known]
         if unknown:
             raise ValueError(f"TrainConfig: unknown field {unknown[0]!r}; the fields are {known}.")
-        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in merged.items()})
+        fields: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in merged.items()}
+        if isinstance(fields.get("qat"), Mapping):
+            fields["qat"] = QATConfig.from_dict(dict(fields["qat"]))
+        if isinstance(fields.get("qat"), QATConfig) and "preset" not in fields:
+            fields["preset"] = fields["qat"].name
+        return cls(**fields)
 
     @classmethod
     def from_file(cls, path: str | os.PathLike, **overrides: Any) -> TrainConfig:
