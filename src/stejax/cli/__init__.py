@@ -12,7 +12,9 @@ module                        commands
 :mod:`stejax.cli.artifacts`   ``export``, ``artifact ...``, ``regress ...``
 :mod:`stejax.cli.serve`       ``serve``
 :mod:`stejax.cli.bench`       ``bench``, ``diagnose``
+:mod:`stejax.cli.vq`          ``vq compare``
 :mod:`stejax.cli.snn`         ``snn train``, ``snn compare``
+:mod:`stejax.cli.lm`          ``lm train``, ``lm compare``, ``lm export``, ``lm sample``
 ============================  =====================================================
 
 To add a command group: write ``stejax/cli/<group>.py`` defining a
@@ -32,7 +34,7 @@ from __future__ import annotations
 
 import click
 
-from stejax.cli import artifacts, bench, catalog, serve, snn, training, vq
+from stejax.cli import artifacts, bench, catalog, lm, serve, snn, training, vq
 from stejax.cli._common import StejaxGroup
 
 __all__ = ["main"]
@@ -58,6 +60,7 @@ _COMMANDS: tuple[click.Command, ...] = (
     bench.bench_command,
     bench.diagnose_command,
     vq.vq_group,
+    lm.lm_group,
     snn.snn_group,
 )
 for _command in _COMMANDS:
