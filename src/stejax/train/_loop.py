@@ -192,7 +192,7 @@ def train(
             opt_state = place(opt_state, param_shardings(opt_state, mesh, param_sharding))
 
         history: list[dict[str, Any]] = []
-        best = {"params": params, "epoch": 0, "val_accuracy": -1.0, "val_loss": float("inf")}
+        best_params, best_epoch, best_val_accuracy, best_val_loss = params, 0, -1.0, float("inf")
         stale = 0
         stopped_early = False
         global_step = 0
@@ -211,7 +211,8 @@ def train(
                     k_run, k_step = keys.split(k_run, where=f"train: run -> run, step {global_step}")
                 step_params = params
                 if mesh is not None:
-                    batch = Batch(xb, yb)  # host copies, for the guard's recomputation
+                    # Host copies (NumPy, not a Batch of jax.Arrays), for the guard's recomputation.
+                    batch: Batch | tuple[np.ndarray, np.ndarray] = (xb, yb)
                     sharded_batch = shard_batch(batch, mesh)
                     step_key = None if k_step is None else place(k_step, replicated)
                     params, opt_state, metrics = step_fn(params, opt_state, sharded_batch, step_key)
@@ -250,7 +251,7 @@ def train(
             losses, zero_grads = jax.device_get(list(zip(*step_metrics, strict=True)))
             val_loss, val_correct = evaluate_fn(params, x_val, y_val)
             val_accuracy = int(val_correct) / len(splits.val)
-            record = {
+            record: dict[str, Any] = {
                 "epoch": epoch,
                 "train_loss": float(np.mean(losses)),
                 "val_loss": float(val_loss),
@@ -267,8 +268,13 @@ def train(
                 on_epoch(record)
             # Higher validation accuracy wins; on a tie (common: one example is
             # 1/len(val)), the lower validation loss.
-            if (val_accuracy, -record["val_loss"]) > (best["val_accuracy"], -best["val_loss"]):
-                best = {"params": params, "epoch": epoch, "val_accuracy": val_accuracy, "val_loss": record["val_loss"]}
+            if (val_accuracy, -record["val_loss"]) > (best_val_accuracy, -best_val_loss):
+                best_params, best_epoch, best_val_accuracy, best_val_loss = (
+                    params,
+                    epoch,
+                    val_accuracy,
+                    record["val_loss"],
+                )
                 stale = 0
             else:
                 stale += 1
@@ -279,18 +285,18 @@ def train(
     x_test, y_test = jnp.asarray(normalizer.apply(splits.test.x)), jnp.asarray(splits.test.y)
     if mesh is not None:
         x_test, y_test = place((x_test, y_test), replicated)
-    test_loss, test_correct = evaluate_fn(best["params"], x_test, y_test)
+    test_loss, test_correct = evaluate_fn(best_params, x_test, y_test)
     if mesh is not None:
-        best["params"] = jax.tree.map(jnp.asarray, gather(best["params"]))
+        best_params = jax.tree.map(jnp.asarray, gather(best_params))
     result = TrainResult(
         config=config,
         model_config=model_config,
         qat_config=qat_config,
-        params=best["params"],
+        params=best_params,
         normalizer=normalizer,
         history=tuple(history),
-        best_epoch=best["epoch"],
-        best_val_accuracy=max(best["val_accuracy"], 0.0),
+        best_epoch=best_epoch,
+        best_val_accuracy=max(best_val_accuracy, 0.0),
         test_loss=float(test_loss),
         test_accuracy=int(test_correct) / len(splits.test),
         n_test=len(splits.test),

@@ -167,10 +167,10 @@ def place(tree: Any, shardings: Any) -> Any:
     return jax.tree.map(one, tree, shardings)
 
 
-def batch_shardings(mesh: Mesh) -> Batch:
-    """The sharding of a :class:`Batch`: examples split over ``"data"``, features whole."""
+def batch_shardings(mesh: Mesh) -> tuple[NamedSharding, NamedSharding]:
+    """The shardings of a :class:`Batch`'s ``x`` and ``y``: examples split over ``"data"``, features whole."""
     _data_size(mesh, "batch_shardings")
-    return Batch(NamedSharding(mesh, PartitionSpec(DATA_AXIS, None)), NamedSharding(mesh, PartitionSpec(DATA_AXIS)))
+    return NamedSharding(mesh, PartitionSpec(DATA_AXIS, None)), NamedSharding(mesh, PartitionSpec(DATA_AXIS))
 
 
 def shard_batch(batch: Batch | tuple[Any, Any], mesh: Mesh) -> Batch:
@@ -195,7 +195,8 @@ def shard_batch(batch: Batch | tuple[Any, Any], mesh: Mesh) -> Batch:
             f"shard_batch: the batch of {np.shape(x)[0]} examples does not split evenly over the {n} devices "
             f"of the mesh's {DATA_AXIS!r} axis; use a batch size that is a multiple of {n}."
         )
-    return Batch(*place(Batch(x, y), batch_shardings(mesh)))
+    x_sharding, y_sharding = batch_shardings(mesh)
+    return Batch(place(x, x_sharding), place(y, y_sharding))
 
 
 def gather(tree: Any) -> Any:
