@@ -24,6 +24,7 @@ from artifact_runs import copy_artifact, exported, kill_at, pristine, resign, re
 from stejax.artifacts import ArtifactError, gate, load_artifact, manifest_digest, save_artifact
 from stejax.artifacts import _store as store_module
 from stejax.export import _safetensors
+from stejax.model import preset
 
 
 def test_save_and_load_round_trip(tmp_path):
@@ -172,8 +173,18 @@ def test_refuses_a_resigned_manifest_whose_contract_lies(tmp_path):
     root = copy_artifact("w4a4", tmp_path / "a")
     manifest = json.loads((root / "manifest.json").read_text())
     manifest["quantization"]["preset"] = "w2a2"  # the weights are 4-bit
+    manifest["quantization"]["qat"] = preset("w2a2").to_dict()
     (root / "manifest.json").write_text(json.dumps(store_module.sign(manifest)))
     with pytest.raises(ArtifactError, match=r"contract layer 1 is .*'bits': 4.*preset 'w2a2' give .*'bits': 2"):
+        load_artifact(root)
+
+
+def test_refuses_a_resigned_manifest_whose_configuration_and_preset_disagree(tmp_path):
+    root = copy_artifact("w4a4", tmp_path / "a")
+    manifest = json.loads((root / "manifest.json").read_text())
+    manifest["quantization"]["preset"] = "w2a2"
+    (root / "manifest.json").write_text(json.dumps(store_module.sign(manifest)))
+    with pytest.raises(ArtifactError, match=r"quantization.qat is named 'w4a4' but quantization.preset is 'w2a2'"):
         load_artifact(root)
 
 

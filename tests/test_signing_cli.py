@@ -23,7 +23,9 @@ class _Ran:
 
 
 def _run(*args):
-    return _Ran(CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False))
+    # A wide console: rich breaks a long path mid-word at the width, which folding cannot undo.
+    runner = CliRunner(env={"COLUMNS": "1000"})
+    return _Ran(runner.invoke(main, [str(a) for a in args], catch_exceptions=False))
 
 
 def test_keygen_sign_verify_the_whole_flow(tmp_path):
