@@ -21,7 +21,7 @@ from flax import nnx
 from stejax.estimators.calibration import absmax_scale
 from stejax.estimators.catalog import CATALOG
 from stejax.flax import Calibration, Quant, Rule, calibrate, quantize_model, summary
-from stejax.flax.models import AttentionBlock, DigitsCNN, EinsumAttentionBlock, TiedLM
+from stejax.flax.models import AttentionBlock, ConvDecoder, DigitsCNN, EinsumAttentionBlock, TiedLM
 from stejax.verify import check_surrogate
 
 from helpers import assert_bitwise_equal
@@ -40,6 +40,7 @@ MODELS = {
     "mha_block": (AttentionBlock, (2, 5, 32)),
     "einsum_block": (EinsumAttentionBlock, (2, 5, 32)),
     "tied_lm": (TiedLM, None),
+    "conv_decoder": (ConvDecoder, (2, 8, 8, 1)),
 }
 
 
@@ -91,6 +92,7 @@ def _check_identity(name, model, x, dtype):
         "mha_block": {"linear", "attention"},
         "einsum_block": {"linear", "dot"},
         "tied_lm": {"linear", "dot", "embed"},
+        "conv_decoder": {"conv"},
     }[name]
     assert kinds == expected_kinds, summary(qmodel)
     assert_bitwise_equal(qmodel(x), np.asarray(model(x)), context=f"{name} eager")
@@ -135,6 +137,35 @@ def test_a_linear_site_computes_the_estimators_by_hand():
     want_k, want_s = jax.grad(lambda k, s: jnp.sum(by_hand(k, s, x) * c), argnums=(0, 1))(kernel, site.weight_step[...])
     np.testing.assert_allclose(grads["layers"][0]["kernel"][...], want_k, rtol=1e-6)
     np.testing.assert_allclose(grads["layers"][0]["stejax_quant"]["p0"]["weight_step"][...], want_s, rtol=1e-6)
+
+
+@pytest.mark.parametrize("transpose_kernel", [True, False], ids=["transpose_kernel", "plain_kernel"])
+def test_a_conv_transpose_site_computes_the_estimators_by_hand(transpose_kernel):
+    """Per output channel wherever the layer stores it: (3, 3, out, in) with transpose_kernel, else (3, 3, in, out)."""
+    model = ConvDecoder(4, transpose_kernel=transpose_kernel, rngs=nnx.Rngs(0))
+    x = _x((2, 4, 4, 4), seed=1)
+    rules = [Rule("up", weights=Quant("lsq", bits=4, axis=-1), inputs=Quant("fake_quant", bits=8, scale="dynamic"))]
+    qmodel = quantize_model(model, rules, _x((2, 8, 8, 1)))
+    (row,) = [r for r in summary(qmodel) if r.rule == 0]
+    assert (row.path, row.kind, row.bits) == ("up", "conv", "w4a8")
+    site = qmodel.up.stejax_quant.p0
+    assert type(site.weight_step) is nnx.Param and site.weight_step.shape == (1,)  # one output channel
+    kernel, bias = model.up.kernel[...], model.up.bias[...]
+    out_axis = -2 if transpose_kernel else -1
+
+    def by_hand(kernel, step, x):
+        a = FQ(x, absmax_scale(x, bits=8), bits=8)
+        w = LSQ(kernel, step, bits=4, axis=out_axis)
+        y = jax.lax.conv_transpose(a, w, (2, 2), "SAME", transpose_kernel=transpose_kernel)
+        return y + jnp.reshape(bias, (1, 1, 1, -1))
+
+    assert_bitwise_equal(qmodel.up(x), np.asarray(by_hand(kernel, site.weight_step[...], x)))
+    c = _x((2, 8, 8, 1), seed=2)
+    grads = nnx.grad(lambda m: jnp.sum(m.up(x) * c))(qmodel)
+    want_k, want_s = jax.grad(lambda k, s: jnp.sum(by_hand(k, s, x) * c), argnums=(0, 1))(kernel, site.weight_step[...])
+    np.testing.assert_allclose(grads["up"]["kernel"][...], want_k, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(grads["up"]["stejax_quant"]["p0"]["weight_step"][...], want_s, rtol=1e-5)
+    assert not np.allclose(qmodel.up(x), model.up(x), atol=1e-3), "the site is quantised"
 
 
 def test_a_site_quantiser_passes_the_verifier_against_the_declared_surrogate():

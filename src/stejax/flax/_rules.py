@@ -8,7 +8,12 @@ table):
   (``dot_general``, ``einsum_op``, ``conv_general_dilated``); the quantised
   model's layer gets a hook there that quantises the two operands (its input
   and its kernel, exactly as the layer passes them, after dtype promotion) and
-  calls the layer's own function. ``nnx.Embed`` gets its table quantised in
+  calls the layer's own function. ``nnx.ConvTranspose`` has no such argument:
+  its call to ``jax.lax.conv_transpose`` is intercepted (below), and its kernel
+  is quantised in the layout the product sees (``...IO``; with
+  ``transpose_kernel=True`` flipped and its channel axes swapped first, exact
+  data movement), so ``axis=-1`` is per output channel as for ``nnx.Conv``.
+  ``nnx.Embed`` gets its table quantised in
   ``__call__`` and ``attend`` (a tied output head shares the quantised table).
 * **Products written in a module's own code** (``jnp.einsum``, ``jnp.matmul``,
   ``@``, ``jnp.dot``, ``jax.lax.dot_general``), and the two products of
@@ -215,8 +220,13 @@ def _layer_types() -> tuple[type, ...]:
     return (nnx.Linear, nnx.LinearGeneral, nnx.Einsum, nnx.Conv, nnx.Embed)
 
 
+def _weighted_layer(module: Any) -> bool:
+    """A layer whose one product is (input, own kernel): the layers above, and ``nnx.ConvTranspose``."""
+    return isinstance(module, (*_layer_types(), nnx.ConvTranspose))
+
+
 def _kind_of(module: Any) -> str:
-    if isinstance(module, nnx.Conv):
+    if isinstance(module, (nnx.Conv, nnx.ConvTranspose)):
         return "conv"
     if isinstance(module, nnx.Einsum):
         return "einsum"
@@ -250,6 +260,7 @@ class _Patches:
             (jax.numpy, "dot", "dot"),
             (tensor_contractions, "dot", "dot"),
             (jax.lax, "dot_general", "dot_general"),
+            (jax.lax, "conv_transpose", "conv_transpose"),  # what nnx.ConvTranspose calls
         ]
 
     def enter(self) -> None:
@@ -296,6 +307,10 @@ def _intercepted(op: str, original: Callable[..., Any]) -> Callable[..., Any]:
         if not frames or not frames[-1].intercepts or _IN_HOOK.get():
             return original(*args, **kwargs)
         frame = frames[-1]
+        if op == "conv_transpose":
+            if not isinstance(frame.module, nnx.ConvTranspose):
+                return original(*args, **kwargs)  # only nnx.ConvTranspose's own product is a site
+            return _conv_transpose(frame, original, args, kwargs)
         if op == "einsum":
             if len(args) != 3 or not isinstance(args[0], str):
                 return original(*args, **kwargs)  # an einsum of one or of three operands: not a site
@@ -314,6 +329,38 @@ def _intercepted(op: str, original: Callable[..., Any]) -> Callable[..., Any]:
         return _product(frame, lhs, rhs, axes, lambda a, b: original(a, b, *args[2:], **kwargs))
 
     return product
+
+
+_CONV_TRANSPOSE_DEFAULT_DIMS = {3: ("NHC", "HIO", "NHC"), 4: ("NHWC", "HWIO", "NHWC"), 5: ("NHWDC", "HWDIO", "NHWDC")}
+
+
+def _conv_transpose(frame: _Frame, original: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+    r"""``nnx.ConvTranspose``'s product as a site: the kernel quantised as the product sees it.
+
+    With ``transpose_kernel=True``, ``jax.lax.conv_transpose`` flips the
+    kernel's spatial axes and swaps its two channel axes before convolving; here
+    that flip and swap (exact data movement) happen first, the quantisers see
+    the kernel in the layout of the product (``...IO``: the input features are
+    the contraction axis, the output channels the last axis, as for
+    ``nnx.Conv``), and ``conv_transpose`` runs with ``transpose_kernel=False``.
+    So ``axis=-1`` is per output channel, and ``group_size`` runs along the input
+    features, whichever way the layer stores its kernel.
+    """
+    import inspect
+
+    bound = inspect.signature(original).bind(*args, **kwargs)
+    bound.apply_defaults()
+    arguments = dict(bound.arguments)
+    lhs, rhs = arguments.pop("lhs"), arguments.pop("rhs")
+    given = arguments["dimension_numbers"]
+    if given is None:
+        given = _CONV_TRANSPOSE_DEFAULT_DIMS.get(jnp.ndim(lhs))
+    dims = jax.lax.conv_dimension_numbers(jnp.shape(lhs), jnp.shape(rhs), given)
+    if arguments["transpose_kernel"]:
+        rhs = jnp.swapaxes(jnp.flip(rhs, dims.rhs_spec[2:]), dims.rhs_spec[0], dims.rhs_spec[1])
+        arguments["transpose_kernel"] = False
+    axes = ((dims.lhs_spec[1],), (dims.rhs_spec[1],))
+    return _product(frame, lhs, rhs, axes, lambda a, b: original(a, b, **arguments))
 
 
 def _einsum_contraction(subscripts: str, ndim_a: int, ndim_b: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -380,7 +427,7 @@ def _product(frame: _Frame, lhs: Any, rhs: Any, axes: tuple, call: Callable[[Any
     frame.count += 1
     recorder = _RECORDER.get()
     if recorder is not None:
-        layer = isinstance(frame.module, _layer_types())
+        layer = _weighted_layer(frame.module)
         own = {id(v.get_value()) for v in vars(frame.module).values() if isinstance(v, nnx.Param)}
         weight = (False, True) if layer else (id(lhs) in own, id(rhs) in own)
         recorder.append(_Record(frame.module, index, _kind_of(frame.module), (lhs, rhs), axes, weight))
@@ -563,8 +610,9 @@ def quantize_model(
     r"""A quantised copy of ``model`` (sharing its parameter arrays), quantised where ``rules`` say.
 
     Runs ``model(*example_inputs, **example_kwargs)`` once, eagerly, to find its
-    sites: the products of ``nnx.Linear``, ``nnx.LinearGeneral``, ``nnx.Einsum``
-    and ``nnx.Conv``; ``nnx.Embed`` tables (lookups and ``attend``); the q·k and
+    sites: the products of ``nnx.Linear``, ``nnx.LinearGeneral``, ``nnx.Einsum``,
+    ``nnx.Conv`` and ``nnx.ConvTranspose`` (its kernel as the product sees it,
+    ``...IO``, so ``axis=-1`` is per output channel); ``nnx.Embed`` tables (lookups and ``attend``); the q·k and
     p·v products of ``nnx.MultiHeadAttention``; and products written in any
     module's own ``__call__`` with ``jnp.einsum``, ``jnp.matmul``, ``@``,
     ``jnp.dot`` or ``jax.lax.dot_general``. Each site takes the first rule that

@@ -7,6 +7,7 @@ shows what rules do to code that knows nothing about quantisation.
 * :class:`AttentionBlock`: a pre-norm transformer block with ``nnx.MultiHeadAttention``.
 * :class:`EinsumAttentionBlock`: the same block with the attention written by hand with ``jnp.einsum``.
 * :class:`TiedLM`: an ``nnx.Embed``, one block and a tied output head (``embed.attend``).
+* :class:`ConvDecoder`: an ``nnx.Conv`` down and an ``nnx.ConvTranspose`` back up, 8x8 images to 8x8 images.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-__all__ = ["AttentionBlock", "DigitsCNN", "EinsumAttentionBlock", "TiedLM"]
+__all__ = ["AttentionBlock", "ConvDecoder", "DigitsCNN", "EinsumAttentionBlock", "TiedLM"]
 
 
 class DigitsCNN(nnx.Module):
@@ -108,3 +109,27 @@ class TiedLM(nnx.Module):
 
     def __call__(self, tokens: jax.Array) -> jax.Array:
         return self.embed.attend(self.norm(self.block(self.embed(tokens))))
+
+
+class ConvDecoder(nnx.Module):
+    """A 3x3 ``nnx.Conv`` at stride 2 (8x8 to 4x4), ReLU, a 3x3 ``nnx.ConvTranspose`` at stride 2 back to 8x8.
+
+    ``transpose_kernel=True`` (the default here) stores the transposed kernel as
+    ``(3, 3, out, in)``, the layout of the convolution it is the gradient of.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> from flax import nnx
+      >>> ConvDecoder(rngs=nnx.Rngs(0))(jnp.zeros((2, 8, 8, 1))).shape
+      (2, 8, 8, 1)
+    """
+
+    def __init__(self, channels: int = 8, *, transpose_kernel: bool = True, dtype: Any = None, rngs: nnx.Rngs):
+        kw = dict(dtype=dtype, param_dtype=dtype or jnp.float32, rngs=rngs)
+        self.down = nnx.Conv(1, channels, (3, 3), strides=2, padding="SAME", **kw)
+        self.up = nnx.ConvTranspose(
+            channels, 1, (3, 3), strides=2, padding="SAME", transpose_kernel=transpose_kernel, **kw
+        )
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return self.up(jax.nn.relu(self.down(x)))
