@@ -153,6 +153,49 @@ def test_rotation_trick_codebook_has_the_rotation_tangent():
     )
 
 
+def _rotate_to_vqp(src, tgt):
+    """vector-quantize-pytorch 1.32.0's ``rotate_to`` (the paper's section 4.2 algorithm, contributed by its first
+    author), ported line for line: ``.detach()`` -> ``stop_gradient``; ``l2norm`` and ``safe_div`` at these
+    non-degenerate inputs are plain divisions."""
+    sg = jax.lax.stop_gradient
+    norm_src = jnp.linalg.norm(src, axis=-1, keepdims=True)
+    norm_tgt = jnp.linalg.norm(tgt, axis=-1, keepdims=True)
+    u, q, e = src / norm_src, tgt / norm_tgt, src
+    w = sg((u + q) / jnp.linalg.norm(u + q, axis=-1, keepdims=True))
+    rotated = e - 2 * jnp.sum(e * w, -1, keepdims=True) * w + 2 * jnp.sum(e * sg(u), -1, keepdims=True) * sg(q)
+    return rotated * sg(norm_tgt / norm_src)
+
+
+def test_rotation_trick_gradients_equal_the_reference_implementations():
+    # The codebook's rotation-trick gradient, to the encoder and to the codes, against the reference code fed
+    # the same nearest codes: the encoder gets lambda R^T g (not R g: the sign of the rotation matters), the
+    # codes get nothing through the estimator (only through the codebook loss).
+    cb, _, _ = _codebook(estimator=stejax.rotation_trick)
+    k_z, k_c, k_g = jax.random.split(jax.random.key(3), 3)
+    codes = jax.random.normal(k_c, (5, 2)) * 0.3
+    z = jax.random.normal(k_z, (64, 2))
+    g = jax.random.normal(k_g, (64, 2))
+
+    def ours(z, codes):
+        return jnp.sum(g * cb.quantize({"codes": codes}, z).quantized)
+
+    idx = _nearest_numpy(np.asarray(z), np.asarray(codes))  # the same nearest codes, fixed for differentiation
+
+    def reference(z, codes):
+        return jnp.sum(g * _rotate_to_vqp(z, codes[idx]))
+
+    np.testing.assert_array_equal(np.asarray(cb.quantize({"codes": codes}, z).indices[:, 0]), idx)
+    np.testing.assert_allclose(
+        np.asarray(_rotate_to_vqp(z, codes[idx])), np.asarray(codes[idx]), rtol=1e-5, atol=1e-6
+    )  # the reference's forward is the code too
+    gz, gc = jax.grad(ours, argnums=(0, 1))(z, codes)
+    rz, rc = jax.grad(reference, argnums=(0, 1))(z, codes)
+    np.testing.assert_allclose(np.asarray(gz), np.asarray(rz), rtol=1e-5, atol=1e-6)
+    assert float(jnp.abs(gc).sum()) == 0.0 and float(jnp.abs(rc).sum()) == 0.0
+    # and it is not the straight-through gradient here (the codes are far from z, so R and lambda matter)
+    assert float(jnp.abs(gz - g).max()) > 0.1
+
+
 def test_a_user_estimator_is_used_for_the_gradient():
     # forward: the nearest code; gradient: 3 x identity
     scaled_ste = stejax.surrogate(

@@ -237,6 +237,7 @@ class _Quantized(NamedTuple):
     aux_loss: jax.Array  # ()
     error: jax.Array  # () quantisation error, mean over tokens of ||z - q||^2
     out: Any  # the CodebookOutput for VQ, else None
+    norms: tuple[jax.Array, jax.Array]  # () each: mean over tokens of ||z||^2 and of ||q||^2 (the error's scale)
 
 
 def _taus(s: CompareSettings) -> tuple[float, ...]:
@@ -253,12 +254,15 @@ def _quantize(m: _Model, params, z, *, key=None, stage=None, train: bool) -> _Qu
         out = m.codebook.quantize(params["codebook"], z)
         weight = 0.0 if m.config.quantizer == "no_gradient" else s.commitment_weight
         aux = m.codebook.loss(out, commitment_weight=weight)
-        return _Quantized(out.quantized, out.indices, aux, quantization_error(out.vectors, out.codes), out)
+        norms = (_mean_sq_norm(out.vectors), _mean_sq_norm(out.codes))
+        return _Quantized(out.quantized, out.indices, aux, quantization_error(out.vectors, out.codes), out, norms)
     if m.fsq is not None:
         zt = z.reshape(b, s.tokens, len(s.fsq_levels))
         q = m.fsq(zt)
-        err = quantization_error(jax.lax.stop_gradient(m.fsq.bounded(zt)), q)
-        return _Quantized(q.reshape(b, -1), m.fsq.codes_to_indices(q), jnp.zeros(()), err, None)
+        bounded = jax.lax.stop_gradient(m.fsq.bounded(zt))
+        err = quantization_error(bounded, q)
+        norms = (_mean_sq_norm(bounded), _mean_sq_norm(q))
+        return _Quantized(q.reshape(b, -1), m.fsq.codes_to_indices(q), jnp.zeros(()), err, None, norms)
     logits = z.reshape(b, s.tokens, s.codebook_size)
     embedding = params["embedding"]
     if train:
@@ -269,7 +273,14 @@ def _quantize(m: _Model, params, z, *, key=None, stage=None, train: bool) -> _Qu
     q = onehot @ embedding
     soft = jax.nn.softmax(logits, axis=-1) @ embedding
     err = quantization_error(jax.lax.stop_gradient(soft), jax.lax.stop_gradient(q))
-    return _Quantized(q.reshape(b, -1), jnp.argmax(onehot, axis=-1).astype(jnp.int32), jnp.zeros(()), err, None)
+    norms = (_mean_sq_norm(soft), _mean_sq_norm(q))
+    indices = jnp.argmax(onehot, axis=-1).astype(jnp.int32)
+    return _Quantized(q.reshape(b, -1), indices, jnp.zeros(()), err, None, norms)
+
+
+def _mean_sq_norm(v):
+    """Mean over vectors (the last axis is one vector) of ``||v||^2``, with no gradient: a statistic."""
+    return jnp.mean(jnp.sum(jnp.square(jax.lax.stop_gradient(v)), axis=-1))
 
 
 def _forward(m: _Model, params, x, **kw):
@@ -358,6 +369,8 @@ def _run_one(m: _Model, key, x_train, x_test):
         "usage": usage(qz.indices, s.codebook_size),
         "perplexity": perplexity(qz.indices, s.codebook_size),
         "quantization_error": qz.error,
+        "latent_sq_norm": qz.norms[0],
+        "code_sq_norm": qz.norms[1],
         "histogram": code_histogram(qz.indices, s.codebook_size),
         "reconstructions": recon[: s.n_pictures],
         "history": history,
@@ -384,14 +397,17 @@ def _train_config(config: AutoencoderConfig, settings: CompareSettings, x_train,
 # ------------------------------------------------------------------------------------------------
 
 
-def _load(settings: CompareSettings):
+def _load(settings: CompareSettings, part: str = "test"):
+    """``(x_train, x_eval)`` stacked over seeds; ``part="val"`` evaluates on the validation split (for tuning)."""
     from stejax.data import load_digits, split
 
+    if part not in ("test", "val"):
+        raise ValueError(f"vq compare: the evaluation part must be 'test' or 'val'; got {part!r}.")
     digits = load_digits()
     splits = [split(digits, seed=s) for s in settings.seeds]
     x_train = np.stack([sp.train.x / 16.0 for sp in splits]).astype(np.float32)
-    x_test = np.stack([sp.test.x / 16.0 for sp in splits]).astype(np.float32)
-    return x_train, x_test
+    x_eval = np.stack([getattr(sp, part).x / 16.0 for sp in splits]).astype(np.float32)
+    return x_train, x_eval
 
 
 def references(
@@ -538,6 +554,8 @@ def compare(
                     "usage": float(r["usage"][i]),
                     "perplexity": float(r["perplexity"][i]),
                     "quantization_error": float(r["quantization_error"][i]),
+                    "latent_sq_norm": float(r["latent_sq_norm"][i]),
+                    "code_sq_norm": float(r["code_sq_norm"][i]),
                     "usage_per_epoch": [float(v) for v in r["history"]["usage"][i]],
                     "dead_codes_per_epoch": [int(v) for v in r["history"]["dead_codes"][i]],
                     "replaced_per_epoch": [int(v) for v in r["history"]["replaced"][i]],
