@@ -29,7 +29,7 @@ from stejax.data import load_digits, split
 from stejax.estimators.catalog import CATALOG
 from stejax.flax import Calibration, Quant, QuantConv, QuantLinear, functional_params, quant_of, quantize
 from stejax.flax.example import DigitsCNN, fit, save_run
-from stejax.model import PRESETS, ConvConfig, Quantizer, apply, preset
+from stejax.model import PRESETS, ConvConfig, QATConfig, Quantizer, apply, init_params, preset
 from stejax.train import TrainConfig
 
 from helpers import assert_bitwise_equal
@@ -331,13 +331,35 @@ def test_quantize_needs_rngs_only_for_random_estimators():
 # ----------------------------------------------------------------------------- the digits CNN and the functional model
 
 
-@pytest.mark.parametrize("name", [p for p in PRESETS if p != "w4a4_no_ste"])
+# PACT inputs on the hidden layers (its first layer's signed features keep 8-bit LSQ).
+PACT_QAT = QATConfig.from_dict(
+    {
+        "name": "w4pact4",
+        "hidden": {"weights": {"method": "lsq", "bits": 4}, "activations": {"method": "pact", "bits": 4}},
+        "first": {"weights": {"method": "lsq", "bits": 8}, "activations": {"method": "lsq", "bits": 8}},
+    }
+)
+
+
+def _qat(name):
+    return PACT_QAT if name == PACT_QAT.name else preset(name)
+
+
+def _set_pact_alphas(model):
+    """Clip levels that clip many of the test inputs (the starting 7.7 clips almost none), one per layer."""
+    for i, layer in enumerate(model.layers):
+        if layer.activations is not None and layer.activations.name == "pact":
+            layer.input_alpha[...] = jnp.full_like(layer.input_alpha[...], 0.3 + 0.2 * i)
+
+
+@pytest.mark.parametrize("name", [*(p for p in PRESETS if p != "w4a4_no_ste"), PACT_QAT.name])
 def test_digits_cnn_gives_the_functional_models_logits_bit_for_bit(name):
-    model = DigitsCNN(preset(name), SMALL, rngs=nnx.Rngs(0))
+    model = DigitsCNN(_qat(name), SMALL, rngs=nnx.Rngs(0))
     x = _x((6, 64), seed=4)
     model.calibrate(x)
+    _set_pact_alphas(model)
     params = model.functional_params()
-    one = functools.partial(apply, model_config=SMALL, qat_config=preset(name))
+    one = functools.partial(apply, model_config=SMALL, qat_config=_qat(name))
     expected = jax.vmap(lambda xi: one(params, xi))(x)
     assert_bitwise_equal(model(x), np.asarray(expected), context=name)
     # Two separately compiled programs: XLA may reassociate (a scale moved out of a product).
@@ -345,9 +367,10 @@ def test_digits_cnn_gives_the_functional_models_logits_bit_for_bit(name):
     np.testing.assert_allclose(nnx.jit(lambda m, x: m(x))(model, x), jitted, rtol=JIT_RTOL, atol=JIT_ATOL)
 
 
-@pytest.mark.parametrize("name", ["w4a4", "w1a1"])
+@pytest.mark.parametrize("name", ["w4a4", "w1a1", PACT_QAT.name])
 def test_digits_cnn_gradients_equal_the_functional_gradients(name):
-    model = DigitsCNN(preset(name), SMALL, rngs=nnx.Rngs(1))
+    model = DigitsCNN(_qat(name), SMALL, rngs=nnx.Rngs(1))
+    _set_pact_alphas(model)
     x, y = _x((6, 64), seed=5), jnp.arange(6, dtype=jnp.int32)
     import optax
 
@@ -355,12 +378,15 @@ def test_digits_cnn_gradients_equal_the_functional_gradients(name):
         return jnp.mean(optax.softmax_cross_entropy_with_integer_labels(model(x), y))
 
     def functional_loss(params):
-        one = functools.partial(apply, model_config=SMALL, qat_config=preset(name))
+        one = functools.partial(apply, model_config=SMALL, qat_config=_qat(name))
         return jnp.mean(optax.softmax_cross_entropy_with_integer_labels(jax.vmap(lambda xi: one(params, xi))(x), y))
 
     got = nnx.jit(nnx.grad(nnx_loss))(model)
     expected = jax.jit(jax.grad(functional_loss))(model.functional_params())
-    names = {"kernel": "w", "bias": "b", "weight_step": "w_step", "input_step": "a_step"}
+    names = {"kernel": "w", "bias": "b", "weight_step": "w_step", "input_step": "a_step", "input_alpha": "a_alpha"}
+    if name == PACT_QAT.name:
+        # The clip levels must get a gradient here (some inputs above alpha), or the comparison proves little.
+        assert all(float(layer["a_alpha"]) != 0 for layer in expected["layers"][1:]), expected
     for i, layer in enumerate(expected["layers"]):
         for nnx_name, name_ in names.items():
             if name_ in layer:
@@ -375,6 +401,10 @@ def test_quant_of_follows_the_functional_quantisers():
     assert quant_of(Quantizer("sign", 1, "channel"), "weights") == Quant("magnitude_aware_sign")
     assert quant_of(Quantizer("sign", 1), "activations") == Quant("sign_ste")
     assert quant_of(None, "weights") is None
+    pact = quant_of(Quantizer("pact", 4), "activations", signed=False)
+    assert pact == Quant("pact", bits=4, init={"alpha": 2 * np.sqrt(15)})
+    with pytest.raises(ValueError, match="PACT is a clipped ReLU; it quantises inputs only"):
+        quant_of(Quantizer("pact", 4), "weights")
     with pytest.raises(ValueError, match=r"plain jnp\.round has a zero gradient"):
         quant_of(Quantizer("round_no_ste", 4), "weights")
     with pytest.raises(ValueError, match="per-tensor sign; use granularity 'channel'"):
@@ -395,6 +425,23 @@ def test_functional_params_names_the_mismatch():
     wide = ConvConfig(channels=(4, 6), strides=(1, 1))
     with pytest.raises(ValueError, match=r"layer 1: strides, padding, dilation and groups are \(\(2, 2\)"):
         functional_params(layers, wide, preset("w4a4"))
+
+
+def test_functional_params_takes_pact_inputs_and_starts_where_init_params_does():
+    model = DigitsCNN(PACT_QAT, SMALL, rngs=nnx.Rngs(0))
+    reference = init_params(jax.random.key(0), SMALL, PACT_QAT)
+    for i, (got, want) in enumerate(zip(model.functional_params()["layers"], reference["layers"], strict=True)):
+        assert ("a_alpha" in got) == ("a_alpha" in want) == (i > 0)
+        if "a_alpha" in want:
+            assert_bitwise_equal(np.asarray(got["a_alpha"]), np.asarray(want["a_alpha"]), context=f"layer {i}")
+    # A layer made by hand with the catalog's default start (alpha 6): the start is not compared.
+    layers = list(model.layers)
+    conv = dict(strides=2, padding="SAME", weights=Quant("lsq", bits=4), rngs=nnx.Rngs(0))
+    layers[1] = QuantConv(4, 6, (3, 3), activations=Quant("pact", bits=4), **conv)
+    assert float(functional_params(layers, SMALL, PACT_QAT)["layers"][1]["a_alpha"]) == 6.0
+    layers[1] = QuantConv(4, 6, (3, 3), activations=Quant("pact", bits=2), **conv)
+    with pytest.raises(ValueError, match=r"layer 1 inputs are quantised by Quant\('pact', bits=2"):
+        functional_params(layers, SMALL, PACT_QAT)
 
 
 # ----------------------------------------------------------------------------- training and export

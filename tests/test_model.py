@@ -211,9 +211,9 @@ def test_qat_layer_index_out_of_range():
     ("make", "error", "match"),
     [
         (
-            lambda: Quantizer("pact", 4),
+            lambda: Quantizer("dorefa", 4),
             ValueError,
-            r"method must be one of \['lsq', 'sign', 'round_no_ste'\]",
+            r"method must be one of \['lsq', 'sign', 'round_no_ste', 'pact'\]; got 'dorefa'",
         ),
         (lambda: Quantizer("sign", 2), ValueError, "needs bits=1; got bits=2"),
         (lambda: Quantizer("lsq", 1), ValueError, r"needs bits in \[2, 16\]; got bits=1"),

@@ -41,7 +41,7 @@ def test_a_configuration_beyond_the_presets():
     [
         ({"hidden": {"weights": {"method": "lsq", "bits": 3, "gran": "channel"}}}, ValueError, "unknown key 'gran'"),
         ({"hidden": {"weights": {"method": "lsq"}}}, ValueError, "hidden.weights needs 'bits'"),
-        ({"hidden": {"weights": {"method": "pact", "bits": 3}}}, ValueError, "method must be one of"),
+        ({"hidden": {"weights": {"method": "pact", "bits": 3}}}, ValueError, "pact quantises activations"),
         ({"hidden": {"weights": {"method": "sign", "bits": 2}}}, ValueError, "needs bits=1"),
         ({"name": ""}, ValueError, "non-empty 'name'"),
         ({"hidden": [1, 2]}, TypeError, "hidden must be a mapping"),

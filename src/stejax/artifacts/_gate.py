@@ -72,13 +72,13 @@ def estimators_used(layers: Iterable[Any]) -> tuple[str, ...]:
     """The catalog estimators a model's quantisers are built on, in first-use order.
 
     LSQ weights and inputs use ``lsq``; binary weights ``magnitude_aware_sign``;
-    binary inputs ``sign_ste``. ``round_no_ste`` is plain ``jnp.round`` (no estimator).
+    binary inputs ``sign_ste``; PACT inputs ``pact``. ``round_no_ste`` is plain ``jnp.round`` (no estimator).
     """
     names: list[str] = []
     for layer in layers:
         for method, name in (
             (layer.weights.method, {"lsq": "lsq", "sign": "magnitude_aware_sign"}),
-            (layer.inputs.method, {"lsq": "lsq", "sign": "sign_ste"}),
+            (layer.inputs.method, {"lsq": "lsq", "sign": "sign_ste", "pact": "pact"}),
         ):
             if method in name and name[method] not in names:
                 names.append(name[method])

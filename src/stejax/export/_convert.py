@@ -13,7 +13,7 @@ from stejax.estimators.uniform import lsq_levels
 from stejax.export._model import ExportedModel, InputFormat, LayerSpec, WeightFormat, dequantised_weights
 from stejax.export._packing import pack_codes
 from stejax.model import ModelConfig, QATConfig, Quantizer, check_params, param_spec
-from stejax.model._quantize import quantize_weights
+from stejax.model._quantize import pact_step, quantize_weights
 from stejax.model._spec import architecture
 
 __all__ = ["ExportError", "export_model", "layer_specs"]
@@ -121,6 +121,9 @@ def export_model(
         out["b"] = jnp.asarray(np.asarray(jax.device_get(p["b"]), np.float32))
         if "a_step" in p and spec.inputs.method in ("lsq", "round_no_ste"):
             out["a_step"] = jnp.asarray(np.asarray(jax.device_get(p["a_step"]), np.float32))
+        elif spec.inputs.method == "pact":
+            # The clip level becomes the integer path's input scale: PACT's own step, the same float32 product.
+            out["a_step"] = jnp.asarray(np.asarray(jax.device_get(pact_step(p["a_alpha"], spec.inputs.quantised_bits))))
         _check_dequantised(i, spec, out, wq)
         layers.append(out)
     weights = {

@@ -65,13 +65,23 @@ class WeightFormat:
 
 @dataclasses.dataclass(frozen=True)
 class InputFormat:
-    """How a layer's input is quantised.
+    r"""How a layer's input is quantised.
 
     Attributes:
-      method: None (a float input), ``"lsq"``, ``"round_no_ste"`` or ``"sign"``.
+      method: None (a float input), ``"lsq"``, ``"round_no_ste"``, ``"sign"`` or
+        ``"pact"``.
       bits: the bit width (None for a float input, 1 for sign).
       signed: LSQ's grid: signed :math:`[-2^{b-1}, 2^{b-1}-1]` for the first layer's
-        standardised features, unsigned :math:`[0, 2^b-1]` after a ReLU.
+        standardised features, unsigned :math:`[0, 2^b-1]` after a ReLU. PACT is
+        always unsigned.
+
+    A PACT input is stored and run as an unsigned LSQ input whose step is PACT's
+    :math:`s = \alpha \cdot \operatorname{fl}(1/(2^b-1))` (the tensor ``a_step``):
+    for :math:`u \ge 0`, :math:`\operatorname{round}(\operatorname{clip}(u, 0,
+    \alpha) \cdot s^{-1})` and :math:`\operatorname{round}(\operatorname{clip}(u
+    \cdot s^{-1}, 0, 2^b-1))` are the same code (inside the range the products are
+    the same float32 operation; above it, :math:`\alpha s^{-1}` is within a few ulps
+    of :math:`2^b - 1`, which rounds to it), so the clip level becomes the input scale.
     """
 
     method: str | None = None
@@ -79,8 +89,10 @@ class InputFormat:
     signed: bool = False
 
     def __post_init__(self):
-        if self.method not in (None, "lsq", "round_no_ste", "sign"):
-            raise ValueError(f"InputFormat: method must be None, lsq, round_no_ste or sign; got {self.method!r}.")
+        if self.method not in (None, "lsq", "round_no_ste", "sign", "pact"):
+            raise ValueError(f"InputFormat: method must be None, lsq, round_no_ste, sign or pact; got {self.method!r}.")
+        if self.method == "pact" and self.signed:
+            raise ValueError("InputFormat: pact inputs are unsigned (a clipped ReLU); got signed=True.")
         expected = {None: (None,), "sign": (1,)}.get(self.method, tuple(range(2, 17)))
         if self.bits not in expected:
             raise ValueError(f"InputFormat: {self.method} inputs need bits in {list(expected)}; got {self.bits}.")
@@ -174,6 +186,9 @@ class LayerSpec(Layer):
         out[f"layers/{index}/b"] = ((self.out_channels,), np.dtype(np.float32), "bias, float32")
         if self.inputs.method in ("lsq", "round_no_ste"):
             out[f"layers/{index}/a_step"] = ((), np.dtype(np.float32), "LSQ input step, float32")
+        elif self.inputs.method == "pact":
+            role = "PACT input step alpha * fl(1/(2^b - 1)) (the clip level as a scale), float32"
+            out[f"layers/{index}/a_step"] = ((), np.dtype(np.float32), role)
         return out
 
     def to_dict(self) -> dict[str, Any]:

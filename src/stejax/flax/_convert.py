@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
+from stejax.estimators.uniform import lsq_levels
 from stejax.flax._layers import QuantConv, QuantLinear
 from stejax.flax._quant import ROLES, Quant
 from stejax.model import ConvConfig, ModelConfig, QATConfig, Quantizer, check_params, param_spec
@@ -15,14 +17,23 @@ from stejax.model import ConvConfig, ModelConfig, QATConfig, Quantizer, check_pa
 __all__ = ["functional_params", "quant_of"]
 
 
+_NO_LAYER_FORM = {
+    "round_no_ste": "plain jnp.round has a zero gradient; it exists only as the functional model's baseline.",
+    "pact": "PACT is a clipped ReLU; it quantises inputs only.",
+    "sign": "the functional model flattens the kernel for a per-tensor sign; use granularity 'channel'.",
+}
+
+
 def quant_of(quantizer: Quantizer | None, role: str, *, signed: bool = True) -> Quant | None:
-    """The :class:`Quant` that computes what a functional model's :class:`stejax.model.Quantizer` computes.
+    r"""The :class:`Quant` that computes what a functional model's :class:`stejax.model.Quantizer` computes.
 
     ``"lsq"`` is :func:`stejax.lsq`: weights on the signed grid (``axis=-1`` when
     per channel), inputs on the grid ``signed`` picks (True for the first
     layer's standardised features, False after a ReLU). ``"sign"`` is
     :func:`stejax.magnitude_aware_sign` per output channel for weights and
-    :func:`stejax.sign_ste` for inputs.
+    :func:`stejax.sign_ste` for inputs. ``"pact"`` (inputs only) is
+    :func:`stejax.pact` at the same bits, starting from the functional model's
+    uncalibrated clip level :math:`2\sqrt{2^b - 1}` (:func:`stejax.model.init_params`).
 
     Args:
       quantizer: the functional quantiser, or None (float).
@@ -31,8 +42,8 @@ def quant_of(quantizer: Quantizer | None, role: str, *, signed: bool = True) -> 
 
     Raises:
       ValueError: ``"round_no_ste"`` (the baseline without an estimator), per-tensor
-        sign weights (the functional model flattens the kernel first), or an
-        unknown role.
+        sign weights (the functional model flattens the kernel first), ``"pact"``
+        weights, or an unknown role.
 
     Example:
       >>> from stejax.flax import quant_of
@@ -48,17 +59,17 @@ def quant_of(quantizer: Quantizer | None, role: str, *, signed: bool = True) -> 
     if quantizer.method == "lsq":
         axis = -1 if quantizer.granularity == "channel" else None
         return Quant("lsq", bits=quantizer.bits, signed=True if weights else signed, axis=axis)
+    if quantizer.method == "pact" and not weights:
+        # The functional model's starting clip level (stejax.model.init_params without calibration data).
+        _, qp = lsq_levels(quantizer.bits, False)
+        return Quant("pact", bits=quantizer.bits, init={"alpha": 2.0 * math.sqrt(qp)})
     if quantizer.method == "sign" and not weights:
         return Quant("sign_ste")
     if quantizer.method == "sign" and quantizer.granularity == "channel":
         return Quant("magnitude_aware_sign", axis=-1)
     raise ValueError(
         f"quant_of: {role} {quantizer.describe()} has no layer form: "
-        + (
-            "plain jnp.round has a zero gradient; it exists only as the functional model's baseline."
-            if quantizer.method == "round_no_ste"
-            else "the functional model flattens the kernel for a per-tensor sign; use granularity 'channel'."
-        )
+        + _NO_LAYER_FORM.get(quantizer.method, _NO_LAYER_FORM["sign"])
     )
 
 
@@ -72,8 +83,10 @@ def functional_params(
     (its stride, ``"SAME"`` padding, no dilation or groups) and a
     :class:`QuantLinear` for each dense layer. Each layer must quantise as
     ``qat_config`` says for its position (:func:`quant_of`); the layer's kernel,
-    bias, ``weight_step`` and ``input_step`` become ``w``, ``b``, ``w_step`` and
-    ``a_step`` (see :func:`stejax.model.param_spec`). The result is checked
+    bias, ``weight_step``, ``input_step`` and ``input_alpha`` (PACT's clip level) become
+    ``w``, ``b``, ``w_step``, ``a_step`` and ``a_alpha`` (see
+    :func:`stejax.model.param_spec`). A quantiser's starting value (``Quant(...,
+    init=...)``) is not compared: it does not change what the layer computes. The result is checked
     against the spec. The functional model's forward uses the ReLU (or, before a
     sign input, nothing) between layers and reads a convolutional model's input
     as a flat image; a model that computes the same (as
@@ -85,7 +98,7 @@ def functional_params(
       qat_config: its quantisation.
 
     Returns:
-      ``{"layers": ({"w", "b", "w_step"?, "a_step"?}, ...)}`` of float32 arrays.
+      ``{"layers": ({"w", "b", "w_step"?, "a_step"?, "a_alpha"?}, ...)}`` of float32 arrays.
 
     Raises:
       ValueError: a different number of layers, a layer of the wrong kind,
@@ -120,6 +133,8 @@ def functional_params(
             p["w_step"] = getattr(layer, "weight_step")[...]  # noqa: B009 - made by the layer's Quant
         if lq.activations is not None and lq.activations.method == "lsq":
             p["a_step"] = jnp.reshape(getattr(layer, "input_step")[...], ())  # noqa: B009
+        if lq.activations is not None and lq.activations.method == "pact":
+            p["a_alpha"] = jnp.reshape(getattr(layer, "input_alpha")[...], ())  # noqa: B009
         out.append({k: jnp.asarray(v, jnp.float32) for k, v in p.items()})
     params = {"layers": tuple(out)}
     check_params(params, spec)
@@ -143,10 +158,10 @@ def _check_quant(got: Quant | None, wanted: Quant | None, ndim: int, where: str)
 
 
 def _normal(quant: Quant | None, ndim: int) -> Any:
-    """A comparable form: the channel axis counted from the end (axis=1 of a matrix is axis=-1)."""
+    """A comparable form: the channel axis counted from the end (axis=1 of a matrix is axis=-1), no start value."""
     if quant is None:
         return None
     params = quant.params
     if isinstance(params.get("axis"), int):
         params["axis"] = params["axis"] % ndim - ndim
-    return (quant.name, tuple(sorted(params.items())), tuple(sorted(quant.init.items())))
+    return (quant.name, tuple(sorted(params.items())))

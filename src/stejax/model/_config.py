@@ -21,7 +21,9 @@ __all__ = [
     "preset",
 ]
 
-METHODS = ("lsq", "sign", "round_no_ste")
+METHODS = ("lsq", "sign", "round_no_ste", "pact")
+# Methods that quantise activations only.
+INPUT_ONLY_METHODS = ("pact",)
 GRANULARITIES = ("tensor", "channel")
 MAX_BITS = 16
 
@@ -162,6 +164,13 @@ class Quantizer:
       :func:`stejax.estimators.binary.sign_ste` of the previous layer's
       pre-activation, which replaces its ReLU (the sign of a ReLU output would
       always be +1), as in BNNs (Hubara et al., 2016).
+    * ``"pact"`` (activations only): PACT (:func:`stejax.estimators.uniform.pact`,
+      Choi et al., 2018), a clipped ReLU with a learned clipping level :math:`\alpha`
+      on the unsigned grid, :math:`y = \operatorname{round}(\operatorname{clip}(u, 0,
+      \alpha)/s)\,s` with :math:`s = \alpha/(2^b - 1)`; :math:`\alpha` is a trained
+      parameter (``a_alpha``) whose gradient is :math:`\mathbb{1}[u \ge \alpha]`. It
+      is unsigned, so it quantises the input of a layer after a ReLU, never the
+      first layer's signed standardised features (:class:`QATConfig` refuses that).
     * ``"round_no_ste"``: the LSQ forward written with plain ``jnp.round`` and
       ``jnp.clip``, no estimator: the same values as ``"lsq"``, but the gradient
       with respect to the quantised input is exactly zero (the step still gets
@@ -169,7 +178,7 @@ class Quantizer:
       The baseline that shows why an estimator is needed.
 
     Attributes:
-      method: ``"lsq"``, ``"sign"`` or ``"round_no_ste"``.
+      method: ``"lsq"``, ``"sign"``, ``"round_no_ste"`` or ``"pact"`` (activations only).
       bits: the bit width: 1 for ``"sign"``, an int in [2, 16] otherwise.
       granularity: ``"tensor"`` (default: one step or scale per tensor) or
         ``"channel"`` (one per output channel; weights only).
@@ -217,6 +226,11 @@ class LayerQuant:
             q = getattr(self, name)
             if q is not None and not isinstance(q, Quantizer):
                 raise TypeError(f"LayerQuant: {name} must be a Quantizer or None; got {q!r}.")
+        if self.weights is not None and self.weights.method in INPUT_ONLY_METHODS:
+            raise ValueError(
+                f"LayerQuant: {self.weights.method} quantises activations (a clipped ReLU on the unsigned grid), "
+                "not weights; weights take 'lsq', 'sign' or 'round_no_ste'."
+            )
         if self.activations is not None and self.activations.granularity != "tensor":
             raise ValueError(
                 "LayerQuant: activations are quantised per tensor (one step per layer input); "
@@ -257,6 +271,17 @@ class QATConfig:
             q = getattr(self, name)
             if not (isinstance(q, LayerQuant) or (q is None and name != "hidden")):
                 raise TypeError(f"QATConfig: {name} must be a LayerQuant; got {q!r}.")
+        # Layer 0 uses `first`, or `hidden` when `first` is None, whatever the depth.
+        first = self.first if self.first is not None else self.hidden
+        if first.activations is not None and first.activations.method in INPUT_ONLY_METHODS:
+            where = "first" if self.first is not None else "hidden (which the first layer uses when first is None)"
+            raise ValueError(
+                f"QATConfig {self.name!r}: the first layer's inputs are signed standardised features, and "
+                f"{first.activations.method} is a clipped ReLU on the unsigned grid (it would zero every negative "
+                f"feature); got {where} activations {first.activations.method!r}. Give the first layer its own "
+                "quantiser, e.g. first=LayerQuant(..., Quantizer('lsq', 8)) or "
+                '"first": {"activations": {"method": "lsq", "bits": 8}} in a config file.'
+            )
 
     def layer(self, index: int, n_layers: int) -> LayerQuant:
         """The quantisation of layer ``index`` of a model with ``n_layers`` layers."""

@@ -45,7 +45,9 @@ def apply(
     convolution (NHWC activations, HWIO kernels, ``jax.lax.conv_general_dilated``),
     both at ``Precision.HIGHEST``. The convolutional model reads ``x`` as its
     ``(H, W, C)`` image in row-major order and flattens before its dense layer.
-    LSQ inputs use the signed grid in layer 0 and the unsigned grid after a ReLU.
+    LSQ inputs use the signed grid in layer 0 and the unsigned grid after a ReLU;
+    PACT inputs (never layer 0's) are the ReLU's output clipped to the learned
+    :math:`[0, \alpha]` and rounded on the unsigned grid.
 
     Batches: map it, ``jax.vmap(functools.partial(apply, model_config=mc,
     qat_config=qc), in_axes=(None, 0))(params, xs)``; with dropout pass one key per
@@ -71,7 +73,8 @@ def apply(
       ``(logits, stats)`` where ``stats["layer_i"]`` holds, for each quantised part
       of layer ``i`` (``"weights"``, ``"activations"``), the float32 fraction of
       the quantiser's inputs in its zero-gradient region: :math:`v = u/s` outside
-      :math:`[-Q_N, Q_P]` for LSQ, :math:`|u| > 1` for the sign, and 1 for
+      :math:`[-Q_N, Q_P]` for LSQ, :math:`u` outside :math:`[0, \alpha)` for PACT,
+      :math:`|u| > 1` for the sign, and 1 for
       ``round_no_ste`` (its input gradient is zero everywhere). Under ``vmap``
       each gets a batch axis; average it.
 
@@ -128,7 +131,7 @@ def run(
         u = jnp.reshape(u, layer.in_shape)
         if stop_at == i:
             return u
-        a, a_frac = quantize_input(u, p.get("a_step"), lq.activations, signed=(i == 0))
+        a, a_frac = quantize_input(u, p.get("a_step"), lq.activations, signed=(i == 0), alpha=p.get("a_alpha"))
         if dropout_keys and i > 0:
             k = keys.consume(dropout_keys[i - 1], where=f"apply: dropout on layer {i}'s input")
             keep = jax.random.bernoulli(k, 1.0 - rate, a.shape)

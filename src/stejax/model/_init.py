@@ -15,7 +15,7 @@ from stejax.estimators.uniform import lsq_levels
 from stejax.model._config import ModelConfig, QATConfig
 from stejax.model._contract import input_contract
 from stejax.model._forward import run
-from stejax.model._spec import STEP_METHODS, architecture, check_configs
+from stejax.model._spec import CLIP_METHODS, STEP_METHODS, architecture, check_configs
 
 __all__ = ["init_params"]
 
@@ -27,7 +27,7 @@ def init_params(
     *,
     calibration_batch: ArrayLike | None = None,
 ) -> dict[str, tuple[dict[str, jax.Array], ...]]:
-    r"""Initialise the parameter PyTree ``{"layers": ({"w", "b", "w_step"?, "a_step"?}, ...)}``.
+    r"""Initialise the parameter PyTree ``{"layers": ({"w", "b", "w_step"?, "a_step"?, "a_alpha"?}, ...)}``.
 
     * ``w``: He normal, :math:`w \sim \mathcal{N}(0, 2/\text{fan\_in})` with
       fan_in = ``in`` for dense and ``k * k * in`` for conv kernels, in every layer
@@ -45,6 +45,14 @@ def init_params(
       (Esser et al.'s initialisation from the data), layer by layer: layer ``i``'s
       inputs are computed through layers ``0..i-1`` with their quantisers and the
       steps already calibrated. A mean of 0 keeps the fixed value.
+    * ``a_alpha`` (PACT inputs): the clipping level at the top of the range LSQ's
+      initial step would give, :math:`\alpha = Q_P \cdot 2\,\langle|u|\rangle/\sqrt{Q_P}
+      = 2\,\langle|u|\rangle\sqrt{Q_P}` with :math:`Q_P = 2^b - 1` (7.7 at 4 bits for
+      :math:`\langle|u|\rangle = 1`), :math:`\langle|u|\rangle` as for ``a_step``:
+      1 without a calibration batch, the batch's mean of the ReLU output with one.
+      The paper's fixed start (10) and L2 penalty on :math:`\alpha` are not used:
+      the start follows the data, and the clip's gradient
+      :math:`\mathbb{1}[u \ge \alpha]` alone trains it.
 
     All leaves are float32; :func:`param_spec` lists the paths and shapes.
 
@@ -88,6 +96,8 @@ def init_params(
             p["w_step"] = jnp.mean(jnp.abs(w), axis=axes) * np.float32(2.0 / math.sqrt(qp))
         if lq.activations is not None and lq.activations.method in STEP_METHODS:
             p["a_step"] = jnp.asarray(_input_step(1.0, lq.activations.bits, signed=(i == 0)), jnp.float32)
+        if lq.activations is not None and lq.activations.method in CLIP_METHODS:
+            p["a_alpha"] = jnp.asarray(_clip_level(1.0, lq.activations.bits), jnp.float32)
         out.append(p)
     params = {"layers": tuple(out)}
     if calibration_batch is not None:
@@ -100,6 +110,11 @@ def _input_step(mean_abs: float, bits: int, *, signed: bool) -> float:
     return 2.0 * mean_abs / math.sqrt(qp)
 
 
+def _clip_level(mean_abs: float, bits: int) -> float:
+    _, qp = lsq_levels(bits, False)
+    return qp * _input_step(mean_abs, bits, signed=False)
+
+
 def _calibrate(params: Any, batch: ArrayLike, model_config: ModelConfig, qat_config: QATConfig) -> Any:
     contract = input_contract(model_config)
     contract.check(batch)
@@ -107,14 +122,16 @@ def _calibrate(params: Any, batch: ArrayLike, model_config: ModelConfig, qat_con
     n = len(params["layers"])
     for i in range(n):
         q = qat_config.layer(i, n).activations
-        if q is None or q.method not in STEP_METHODS:
+        if q is None or q.method not in STEP_METHODS + CLIP_METHODS:
             continue
         u = jax.vmap(lambda x, params=params, i=i: run(params, x, model_config, qat_config, stop_at=i))(xs)
         mean_abs = float(jnp.mean(jnp.abs(u)))
         if not (math.isfinite(mean_abs) and mean_abs > 0):
             continue
-        step = jnp.asarray(_input_step(mean_abs, q.bits, signed=(i == 0)), jnp.float32)
         layers = list(params["layers"])
-        layers[i] = dict(layers[i], a_step=step)
+        if q.method in CLIP_METHODS:
+            layers[i] = dict(layers[i], a_alpha=jnp.asarray(_clip_level(mean_abs, q.bits), jnp.float32))
+        else:
+            layers[i] = dict(layers[i], a_step=jnp.asarray(_input_step(mean_abs, q.bits, signed=(i == 0)), jnp.float32))
         params = {"layers": tuple(layers)}
     return params

@@ -11,10 +11,10 @@ import jax
 import jax.numpy as jnp
 
 from stejax.estimators.binary import magnitude_aware_sign, sign_ste
-from stejax.estimators.uniform import lsq, lsq_levels
+from stejax.estimators.uniform import lsq, lsq_levels, pact
 from stejax.model._config import Quantizer
 
-__all__ = ["quantize_input", "quantize_weights"]
+__all__ = ["pact_step", "quantize_input", "quantize_weights"]
 
 
 def _along_last(step: jax.Array, ndim: int) -> jax.Array:
@@ -69,18 +69,42 @@ def quantize_weights(w: jax.Array, step: jax.Array | None, q: Quantizer | None) 
     return round_no_ste(w, step, bits=q.bits, signed=True), jnp.ones((), jnp.float32)
 
 
+def pact_step(alpha: jax.Array, bits: int) -> jax.Array:
+    r"""PACT's grid step :math:`s = \alpha \cdot \operatorname{fl}(1/(2^b - 1))`, as :func:`stejax.pact` computes it.
+
+    The same float32 product as the estimator's forward, so ``round(clip(u, 0, alpha) * (1/s))`` and the
+    integer path's ``round(clip(u * (1/s), 0, 2^b - 1))`` give the same codes.
+    """
+    return jnp.asarray(alpha, jnp.float32) * (1 / (2**bits - 1))
+
+
+def _outside_clip_fraction(u: jax.Array, alpha: jax.Array) -> jax.Array:
+    """The fraction of u outside [0, alpha), where PACT's input gradient is 0 (NaN counts)."""
+    u, alpha = jax.lax.stop_gradient(u), jax.lax.stop_gradient(alpha)
+    return jnp.mean((~((u >= 0) & (u < alpha))).astype(jnp.float32))
+
+
 def quantize_input(
-    u: jax.Array, step: jax.Array | None, q: Quantizer | None, *, signed: bool
+    u: jax.Array,
+    step: jax.Array | None,
+    q: Quantizer | None,
+    *,
+    signed: bool,
+    alpha: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array | None]:
     """A layer's input as the layer sees it, and the zero-gradient fraction (None if float).
 
     ``signed`` selects LSQ's grid: signed for the first layer's standardised
-    features, unsigned after a ReLU.
+    features, unsigned after a ReLU. ``alpha`` is PACT's clipping level (pact only).
     """
     if q is None:
         return u, None
     if q.method == "sign":
         return sign_ste(u), _outside_unit_fraction(u)
+    if q.method == "pact":
+        if alpha is None:
+            raise ValueError("pact inputs need their clipping level; got None (the parameters lack a_alpha).")
+        return pact(u, alpha, bits=q.bits), _outside_clip_fraction(u, alpha)
     step = _required_step(step, q, "inputs")
     qn, qp = lsq_levels(q.bits, signed)
     if q.method == "lsq":

@@ -16,6 +16,8 @@ __all__ = ["check_params", "param_spec"]
 
 # The quantisers that keep a learned step in the parameters.
 STEP_METHODS = ("lsq", "round_no_ste")
+# The quantisers that keep a learned clipping level in the parameters.
+CLIP_METHODS = ("pact",)
 
 
 @dataclass(frozen=True)
@@ -82,6 +84,7 @@ def param_spec(model_config: ModelConfig, qat_config: QATConfig) -> dict[str, tu
                                                                              round_no_ste
     ``layers/i/a_step`` ``()``                                      float32  input lsq or
                                                                              round_no_ste
+    ``layers/i/a_alpha`` ``()``: PACT's clipping level              float32  input pact
     ==================  ==========================================  =======  ==================
 
     Args:
@@ -110,6 +113,8 @@ def param_spec(model_config: ModelConfig, qat_config: QATConfig) -> dict[str, tu
             spec[f"layers/{i}/w_step"] = ((layer.out_channels,) if per_channel else (), f32)
         if lq.activations is not None and lq.activations.method in STEP_METHODS:
             spec[f"layers/{i}/a_step"] = ((), f32)
+        if lq.activations is not None and lq.activations.method in CLIP_METHODS:
+            spec[f"layers/{i}/a_alpha"] = ((), f32)
     return spec
 
 
