@@ -17,7 +17,7 @@ import numpy as np
 
 from stejax.bench._measure import compare, standard_promotion
 
-__all__ = ["snn_peer_groups"]
+__all__ = ["build_steps", "snn_peer_groups"]
 
 _STEPS_FULL = (8, 25, 100)
 _STEPS_QUICK = (8,)
@@ -50,72 +50,21 @@ def snn_peer_groups(*, repeats: int, warmup: int, quick: bool) -> tuple[list[dic
     """
     if importlib.util.find_spec("spyx") is None:
         return [], ["Spyx not installed: pip install 'stejax[peers]' to time the spiking peer."]
-    import optax
-    import spyx
-    from flax import nnx
-
-    from stejax.data import load_digits
-    from stejax.snn import NetConfig, SNNTrainConfig, make_train_step, rate
-    from stejax.snn._network import init_net
-    from stejax.snn._train import make_optimizer
-
     width, batch = (32, 32) if quick else (128, 64)
-    digits = load_digits()
-    x = jnp.asarray(np.clip(digits.x[:batch] / np.max(digits.x), 0, 1).astype(np.float32))
-    y = jnp.asarray(digits.y[:batch].astype(np.int32))
     groups, notes = [], []
     for n_steps in _STEPS_QUICK if quick else _STEPS_FULL:
-        config = SNNTrainConfig(n_steps=n_steps, batch_size=batch)
-        optimizer = make_optimizer(config, 20)
-        net = NetConfig(64, 10, hidden=(width, width), spike="fast_sigmoid")
-        params = init_net(net, key=jax.random.key(0))
-        ours = jax.jit(make_train_step(net, config, optimizer))
-        ours_state = optimizer.init(params)
         # One fresh key per call, made before the timing; each variant draws the same sequence.
         key_pool = list(jax.random.split(jax.random.key(n_steps), max(warmup, 1) + repeats))
+        steps, args, caught = build_steps(n_steps=n_steps, width=width, batch=batch)
+        notes += caught
+        ours, theirs = steps["stejax"], steps["spyx"]
         ours_keys, theirs_keys = iter(key_pool), iter(key_pool)
 
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            with standard_promotion():
-                rngs = nnx.Rngs(0)
-                model = spyx.nn.Sequential(
-                    nnx.Linear(64, width, rngs=rngs),
-                    spyx.nn.LIF((width,), rngs=rngs),
-                    nnx.Linear(width, width, rngs=rngs),
-                    spyx.nn.LIF((width,), rngs=rngs),
-                    nnx.Linear(width, 10, rngs=rngs),
-                    spyx.nn.LI((10,), rngs=rngs),
-                )
-            # nnx.split returns one State per filter: here two, though its annotation says "one or more".
-            graphdef, spyx_params, *others = nnx.split(model, nnx.Param, ...)
-            (rest,) = others
-            loss_fn = spyx.fn.integral_crossentropy(smoothing=0.0, time_axis=0)
+        def call_ours(ours=ours, a=args["stejax"], k=ours_keys):
+            return ours(*a, next(k))
 
-            def spyx_step(
-                p, opt_state, x, y, key, graphdef=graphdef, rest=rest, loss_fn=loss_fn, n_steps=n_steps, opt=optimizer
-            ):
-                spikes_in = rate(x, n_steps, key=key)
-                with standard_promotion():
-
-                    def objective(p):
-                        traces, _ = spyx.nn.run(nnx.merge(graphdef, p, rest), spikes_in)
-                        return loss_fn(traces, y)
-
-                    value, grads = jax.value_and_grad(objective)(p)
-                    updates, opt_state = opt.update(grads, opt_state, p)
-                    return optax.apply_updates(p, updates), opt_state, value
-
-            theirs = jax.jit(spyx_step)
-            theirs_state = optimizer.init(spyx_params)
-            theirs.trace(spyx_params, theirs_state, x, y, jax.random.key(2))
-        notes += sorted({f"{w.category.__name__} from Spyx/Flax: {' '.join(str(w.message).split())}" for w in caught})
-
-        def call_ours(ours=ours, p=params, s=ours_state, k=ours_keys):
-            return ours(p, s, x, y, next(k))
-
-        def call_theirs(theirs=theirs, p=spyx_params, s=theirs_state, k=theirs_keys):
-            return theirs(p, s, x, y, next(k))
+        def call_theirs(theirs=theirs, a=args["spyx"], k=theirs_keys):
+            return theirs(*a, next(k))
 
         groups.append(
             compare(
@@ -137,3 +86,71 @@ def snn_peer_groups(*, repeats: int, warmup: int, quick: bool) -> tuple[list[dic
             )
         )
     return groups, notes
+
+
+def build_steps(
+    *, n_steps: int, width: int = 128, batch: int = 64
+) -> tuple[dict[str, Any], dict[str, tuple[Any, ...]], list[str]]:
+    """The two jitted training steps ``step(params, opt_state, x, y, key)`` and their arguments but the key.
+
+    Returns:
+      ``(steps, args, notes)``: ``steps["stejax"]`` and ``steps["spyx"]`` (jitted),
+      ``args[name] = (params, opt_state, x, y)``, and the warnings Spyx/Flax raised
+      while building, as notes. Needs Spyx.
+    """
+    import optax
+    import spyx
+    from flax import nnx
+
+    from stejax.data import load_digits
+    from stejax.snn import NetConfig, SNNTrainConfig, make_train_step, rate
+    from stejax.snn._network import init_net
+    from stejax.snn._train import make_optimizer
+
+    digits = load_digits()
+    x = jnp.asarray(np.clip(digits.x[:batch] / np.max(digits.x), 0, 1).astype(np.float32))
+    y = jnp.asarray(digits.y[:batch].astype(np.int32))
+    config = SNNTrainConfig(n_steps=n_steps, batch_size=batch)
+    optimizer = make_optimizer(config, 20)
+    net = NetConfig(64, 10, hidden=(width, width), spike="fast_sigmoid")
+    params = init_net(net, key=jax.random.key(0))
+    ours = jax.jit(make_train_step(net, config, optimizer))
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with standard_promotion():
+            rngs = nnx.Rngs(0)
+            model = spyx.nn.Sequential(
+                nnx.Linear(64, width, rngs=rngs),
+                spyx.nn.LIF((width,), rngs=rngs),
+                nnx.Linear(width, width, rngs=rngs),
+                spyx.nn.LIF((width,), rngs=rngs),
+                nnx.Linear(width, 10, rngs=rngs),
+                spyx.nn.LI((10,), rngs=rngs),
+            )
+        # nnx.split returns one State per filter: here two, though its annotation says "one or more".
+        graphdef, spyx_params, *others = nnx.split(model, nnx.Param, ...)
+        (rest,) = others
+        loss_fn = spyx.fn.integral_crossentropy(smoothing=0.0, time_axis=0)
+
+        def spyx_step(p, opt_state, x, y, key):
+            spikes_in = rate(x, n_steps, key=key)
+            with standard_promotion():
+
+                def objective(p):
+                    traces, _ = spyx.nn.run(nnx.merge(graphdef, p, rest), spikes_in)
+                    return loss_fn(traces, y)
+
+                value, grads = jax.value_and_grad(objective)(p)
+                updates, opt_state = optimizer.update(grads, opt_state, p)
+                return optax.apply_updates(p, updates), opt_state, value
+
+        theirs = jax.jit(spyx_step)
+        theirs.trace(spyx_params, optimizer.init(spyx_params), x, y, jax.random.key(2))
+    notes = sorted({f"{w.category.__name__} from Spyx/Flax: {' '.join(str(w.message).split())}" for w in caught})
+    steps = {"stejax": ours, "spyx": theirs}
+    args = {
+        "stejax": (params, optimizer.init(params), x, y),
+        "spyx": (spyx_params, optimizer.init(spyx_params), x, y),
+    }
+    return steps, args, notes

@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
@@ -76,6 +77,9 @@ __all__ = [
 ]
 
 RESETS = ("subtract", "zero", "none")
+
+Step = Callable[[Any, jax.Array], tuple[Any, jax.Array]]
+"""A bound neuron step ``(state, x) -> (state, out)``, as :meth:`Leaky.bind` returns."""
 
 
 class LeakyParams(NamedTuple):
@@ -148,20 +152,20 @@ def _param(value: float, n: int, per_neuron: bool) -> jax.Array:
     return jnp.full((n,) if per_neuron else (), value, jnp.float32)
 
 
-def _like(p: jax.Array, x: jax.Array) -> jax.Array:
-    """``p`` cast to ``x``'s dtype and broadcast to its shape, explicitly."""
+def _full(p: jax.Array, shape: tuple[int, ...], dtype: Any) -> jax.Array:
+    """``p`` cast to ``dtype`` and broadcast to ``shape``, explicitly."""
     p = jnp.asarray(p)
-    if p.ndim not in (0, 1) or (p.ndim == 1 and p.shape[0] != x.shape[-1]):
+    if p.ndim not in (0, 1) or (p.ndim == 1 and p.shape[0] != shape[-1]):
         raise ValueError(
-            f"a neuron parameter must be a scalar or have one entry per neuron ({x.shape[-1]}); got shape {p.shape}."
+            f"a neuron parameter must be a scalar or have one entry per neuron ({shape[-1]}); got shape {p.shape}."
         )
-    return jnp.broadcast_to(p.astype(x.dtype), x.shape)
+    return jnp.broadcast_to(p.astype(dtype), shape)
 
 
-def _decay(logit: jax.Array, x: jax.Array) -> jax.Array:
-    # sigmoid in float32 (or float64), then rounded once to x's dtype.
-    wide = jnp.float64 if x.dtype == jnp.float64 else jnp.float32
-    return _like(jax.nn.sigmoid(jnp.asarray(logit).astype(wide)), x)
+def _decay(logit: jax.Array, shape: tuple[int, ...], dtype: Any) -> jax.Array:
+    # sigmoid in float32 (or float64), then rounded once to the state's dtype.
+    wide = jnp.float64 if dtype == jnp.float64 else jnp.float32
+    return _full(jax.nn.sigmoid(jnp.asarray(logit).astype(wide)), shape, dtype)
 
 
 def _check_input(x: Any, state: jax.Array, where: str) -> jax.Array:
@@ -250,11 +254,26 @@ class Leaky(_SpikingNeuron):
         """The resting membrane: zeros of ``shape`` (``(..., n)``) and ``dtype``."""
         return jnp.zeros(shape, dtype)
 
+    def bind(self, params: LeakyParams, shape: tuple[int, ...], dtype: Any = jnp.float32) -> Step:
+        """The step ``(state, x) -> (state, spikes)`` for inputs of ``shape`` and ``dtype``, parameters prepared once.
+
+        The decay and threshold are computed and broadcast to ``shape`` here, outside
+        the time loop, so that :func:`stejax.snn.run` of the bound step does no
+        per-step parameter work, and the backward pass accumulates their gradients
+        elementwise and reduces them over the batch once. :meth:`step` is this.
+        """
+        beta, theta = _decay(params.decay_logit, shape, dtype), _full(params.threshold, shape, dtype)
+
+        def step(state: jax.Array, x: jax.Array) -> tuple[jax.Array, jax.Array]:
+            x = _check_input(x, state, "Leaky.step")
+            return self._fire(beta * state + x, theta)
+
+        return step
+
     def step(self, params: LeakyParams, state: jax.Array, x: jax.Array) -> tuple[jax.Array, jax.Array]:
         """One time step: ``(membrane after reset, spikes)``, both of ``x``'s shape and dtype."""
         x = _check_input(x, state, "Leaky.step")
-        v = _decay(params.decay_logit, x) * state + x
-        return self._fire(v, _like(params.threshold, x))
+        return self.bind(params, x.shape, x.dtype)(state, x)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -287,13 +306,23 @@ class Synaptic(_SpikingNeuron):
         """Zero current and membrane."""
         return SynapticState(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype))
 
+    def bind(self, params: SynapticParams, shape: tuple[int, ...], dtype: Any = jnp.float32) -> Step:
+        """The step for inputs of ``shape`` and ``dtype``, parameters prepared once (see :meth:`Leaky.bind`)."""
+        alpha, beta = _decay(params.syn_decay_logit, shape, dtype), _decay(params.decay_logit, shape, dtype)
+        theta = _full(params.threshold, shape, dtype)
+
+        def step(state: SynapticState, x: jax.Array) -> tuple[SynapticState, jax.Array]:
+            x = _check_input(x, state.membrane, "Synaptic.step")
+            i = alpha * state.current + x
+            u, s = self._fire(beta * state.membrane + i, theta)
+            return SynapticState(i, u), s
+
+        return step
+
     def step(self, params: SynapticParams, state: SynapticState, x: jax.Array) -> tuple[SynapticState, jax.Array]:
         """One time step: ``(new state, spikes)``."""
         x = _check_input(x, state.membrane, "Synaptic.step")
-        i = _decay(params.syn_decay_logit, x) * state.current + x
-        v = _decay(params.decay_logit, x) * state.membrane + i
-        u, s = self._fire(v, _like(params.threshold, x))
-        return SynapticState(i, u), s
+        return self.bind(params, x.shape, x.dtype)(state, x)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -326,18 +355,28 @@ class RecurrentLeaky(_SpikingNeuron):
         """Zero membrane and no spikes."""
         return RecurrentState(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype))
 
-    def step(self, params: RecurrentParams, state: RecurrentState, x: jax.Array) -> tuple[RecurrentState, jax.Array]:
-        """One time step: ``(new state, spikes)``."""
-        x = _check_input(x, state.membrane, "RecurrentLeaky.step")
-        n = x.shape[-1]
+    def bind(self, params: RecurrentParams, shape: tuple[int, ...], dtype: Any = jnp.float32) -> Step:
+        """The step for inputs of ``shape`` and ``dtype``, parameters prepared once (see :meth:`Leaky.bind`)."""
+        n = shape[-1]
         if params.recurrent.shape != (n, n):
             raise ValueError(
                 f"RecurrentLeaky.step: recurrent weights must be ({n}, {n}); got {params.recurrent.shape}."
             )
-        feedback = jnp.matmul(state.spikes, params.recurrent.astype(x.dtype))
-        v = _decay(params.decay_logit, x) * state.membrane + (x + feedback)
-        u, s = self._fire(v, _like(params.threshold, x))
-        return RecurrentState(u, s), s
+        beta, theta = _decay(params.decay_logit, shape, dtype), _full(params.threshold, shape, dtype)
+        w = params.recurrent.astype(dtype)
+
+        def step(state: RecurrentState, x: jax.Array) -> tuple[RecurrentState, jax.Array]:
+            x = _check_input(x, state.membrane, "RecurrentLeaky.step")
+            v = beta * state.membrane + (x + jnp.matmul(state.spikes, w))
+            u, s = self._fire(v, theta)
+            return RecurrentState(u, s), s
+
+        return step
+
+    def step(self, params: RecurrentParams, state: RecurrentState, x: jax.Array) -> tuple[RecurrentState, jax.Array]:
+        """One time step: ``(new state, spikes)``."""
+        x = _check_input(x, state.membrane, "RecurrentLeaky.step")
+        return self.bind(params, x.shape, x.dtype)(state, x)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -379,15 +418,22 @@ class AdaptiveLeaky(_SpikingNeuron):
         """Zero membrane and adaptation."""
         return AdaptiveState(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype))
 
+    def bind(self, params: AdaptiveParams, shape: tuple[int, ...], dtype: Any = jnp.float32) -> Step:
+        """The step for inputs of ``shape`` and ``dtype``, parameters prepared once (see :meth:`Leaky.bind`)."""
+        theta0, strength = _full(params.threshold, shape, dtype), _full(params.adapt_strength, shape, dtype)
+        beta, rho = _decay(params.decay_logit, shape, dtype), _decay(params.adapt_decay_logit, shape, dtype)
+
+        def step(state: AdaptiveState, x: jax.Array) -> tuple[AdaptiveState, jax.Array]:
+            x = _check_input(x, state.membrane, "AdaptiveLeaky.step")
+            u, s = self._fire(beta * state.membrane + x, theta0 + strength * state.adaptation)
+            return AdaptiveState(u, rho * state.adaptation + (1 - rho) * s), s
+
+        return step
+
     def step(self, params: AdaptiveParams, state: AdaptiveState, x: jax.Array) -> tuple[AdaptiveState, jax.Array]:
         """One time step: ``(new state, spikes)``."""
         x = _check_input(x, state.membrane, "AdaptiveLeaky.step")
-        theta = _like(params.threshold, x) + _like(params.adapt_strength, x) * state.adaptation
-        v = _decay(params.decay_logit, x) * state.membrane + x
-        u, s = self._fire(v, theta)
-        rho = _decay(params.adapt_decay_logit, x)
-        a = rho * state.adaptation + (1 - rho) * s
-        return AdaptiveState(u, a), s
+        return self.bind(params, x.shape, x.dtype)(state, x)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -405,8 +451,18 @@ class LeakyIntegrator:
         """Zero membrane."""
         return jnp.zeros(shape, dtype)
 
+    def bind(self, params: LeakyParams, shape: tuple[int, ...], dtype: Any = jnp.float32) -> Step:
+        """The step for inputs of ``shape`` and ``dtype``, the decay prepared once (see :meth:`Leaky.bind`)."""
+        beta = _decay(params.decay_logit, shape, dtype)
+
+        def step(state: jax.Array, x: jax.Array) -> tuple[jax.Array, jax.Array]:
+            x = _check_input(x, state, "LeakyIntegrator.step")
+            v = beta * state + x
+            return v, v
+
+        return step
+
     def step(self, params: LeakyParams, state: jax.Array, x: jax.Array) -> tuple[jax.Array, jax.Array]:
         """One time step: ``(membrane, membrane)``."""
         x = _check_input(x, state, "LeakyIntegrator.step")
-        v = _decay(params.decay_logit, x) * state + x
-        return v, v
+        return self.bind(params, x.shape, x.dtype)(state, x)

@@ -31,7 +31,7 @@ import numpy as np
 from stejax import keys
 from stejax.data import Splits, load_digits, split
 from stejax.snn._encode import rate
-from stejax.snn._losses import accuracy_rate, ce_mean_membrane, ce_per_step, spike_stats
+from stejax.snn._losses import accuracy_rate, ce_mean_membrane, ce_per_step, ce_spike_count, mse_count, spike_stats
 from stejax.snn._network import NetConfig, forward, init_net
 
 if TYPE_CHECKING:  # training needs optax (stejax[train]); the package imports without it
@@ -39,7 +39,12 @@ if TYPE_CHECKING:  # training needs optax (stejax[train]); the package imports w
 
 __all__ = ["SNNTrainConfig", "SeedsResult", "load_seed_splits", "make_train_step", "train_seeds"]
 
-LOSSES = {"ce_mean_membrane": ce_mean_membrane, "ce_per_step": ce_per_step}
+LOSSES = {
+    "ce_mean_membrane": ce_mean_membrane,
+    "ce_per_step": ce_per_step,
+    "ce_spike_count": ce_spike_count,
+    "mse_count": mse_count,
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,7 +57,11 @@ class SNNTrainConfig:
       batch_size: default 64 (the remainder of each epoch is dropped).
       learning_rate: Adam's peak rate, cosine-decayed to 0 over the run (default 2e-3).
       weight_decay: decoupled weight decay (AdamW) on every parameter (default 0).
-      loss: ``"ce_mean_membrane"`` (default) or ``"ce_per_step"`` on the readout membrane.
+      loss: on the readout's output (``NetOutput.traces``): ``"ce_mean_membrane"``
+        (default; cross-entropy of the time mean, the integrator readout's loss),
+        ``"ce_per_step"``, ``"ce_spike_count"`` (cross-entropy of the counts) or
+        ``"mse_count"`` (squared error of the counts against 80% of the steps for the
+        label and 20% for the others), the LIF readout's losses.
       val_fraction, test_fraction: the split (0.15 each, as the QAT pipeline).
     """
 

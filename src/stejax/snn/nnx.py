@@ -21,7 +21,6 @@ Example:
 
 from __future__ import annotations
 
-import functools
 from typing import Any, Protocol
 
 import jax
@@ -49,6 +48,8 @@ class _NeuronStep(Protocol):
 
     def step(self, params: Any, state: Any, x: jax.Array) -> tuple[Any, jax.Array]: ...
 
+    def bind(self, params: Any, shape: tuple[int, ...], dtype: Any = ...) -> Any: ...
+
 
 class _Neuron(nnx.Module):
     _params_type: Any = None
@@ -67,10 +68,11 @@ class _Neuron(nnx.Module):
 
     def run(self, xs: jax.Array, *, state: Any = None, time_axis: int = 0, **loop: Any) -> tuple[Any, jax.Array]:
         """All time steps of ``xs`` (time on ``time_axis``); ``loop`` goes to :func:`stejax.snn.run`."""
+        shape = xs.shape[1:] if time_axis == 0 else (xs.shape[0], *xs.shape[2:])
         if state is None:
-            shape = xs.shape[1:] if time_axis == 0 else (xs.shape[0], *xs.shape[2:])
             state = self.init_state(shape, xs.dtype)
-        return _run(functools.partial(self.neuron.step, self._params()), state, xs, time_axis=time_axis, **loop)
+        step = self.neuron.bind(self._params(), shape, xs.dtype)
+        return _run(step, state, xs, time_axis=time_axis, **loop)
 
 
 class Leaky(_Neuron):
