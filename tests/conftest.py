@@ -1,4 +1,21 @@
-"""Shared test setup: strict JAX numerics and helpers for exact comparisons."""
+"""Shared test setup: strict JAX numerics, helpers for exact comparisons, and shared work kept on one worker.
+
+Under ``pytest -n 2 --dist loadgroup`` (the ``--dist`` is set in pyproject.toml) a test goes to whichever
+worker is free, so a module-scoped fixture would be built once on every worker that runs one of its
+module's tests, and a helper's per-process cache (the trained runs of ``artifact_runs``, the served
+artifacts of ``serve_support``) once on every worker that uses it. :func:`pytest_xdist_make_scheduler`
+sends such a module's tests, and all the users of one such helper, to one worker as one unit, largest
+unit first; every other test is a unit of its own and goes to whichever worker is free.
+
+(pytest-xdist's own ``loadgroup`` reads ``xdist_group`` marks by renaming each test's node id, which
+pytest 9 no longer allows, so the units are computed here, from the node ids the controller sees.)
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from pathlib import Path
 
 import jax
 import ml_dtypes
@@ -10,6 +27,50 @@ jax.config.update("jax_numpy_dtype_promotion", "strict")
 jax.config.update("jax_numpy_rank_promotion", "raise")
 
 FLOAT_DTYPES = (np.float16, ml_dtypes.bfloat16, np.float32)
+
+# Helper modules of tests/ whose results are cached per process -> the unit their users share
+# (signing_support builds on artifact_runs). A module that imports several goes with the first listed.
+SHARED_CACHES = {"artifact_runs": "artifact_runs", "signing_support": "artifact_runs", "serve_support": "serve_support"}
+_IMPORTS = re.compile(r"^\s*(?:import|from)\s+(" + "|".join(SHARED_CACHES) + r")\b", re.MULTILINE)
+_SHARED_FIXTURE = re.compile(r"""@pytest\.fixture\([^)]*scope\s*=\s*["'](?:module|class|package)["']""")
+
+
+@functools.cache
+def shared_unit(path: str, root: str) -> str | None:
+    """The unit of the test module at ``path`` (relative to ``root``): a helper's name, itself, or None.
+
+    None when the module builds nothing that outlives one test (no module-, class- or package-scoped
+    fixture, no helper with a per-process cache): its tests are then scheduled one by one.
+    """
+    if not path.endswith(".py") or not Path(path).name.startswith("test_"):
+        return None  # a doctest of src/stejax: nothing shared
+    try:
+        source = (Path(root) / path).read_text(encoding="utf-8")
+    except OSError:
+        return None
+    helpers = _IMPORTS.findall(source)
+    if helpers:
+        return min((SHARED_CACHES[h] for h in helpers), key=list(SHARED_CACHES.values()).index)
+    return path if _SHARED_FIXTURE.search(source) else None
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)  # before xdist's own; only called by its controller
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    root = str(config.rootpath)
+
+    class SharedWorkScheduling(LoadGroupScheduling):
+        """``loadgroup`` whose groups are the shared units of :func:`shared_unit`."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            if "@" in nodeid:  # an xdist_group mark, should xdist's renaming work again
+                return super()._split_scope(nodeid)
+            return shared_unit(nodeid.split("::", 1)[0], root) or nodeid
+
+    return SharedWorkScheduling(config, log)
 
 
 @pytest.fixture(params=FLOAT_DTYPES, ids=lambda d: np.dtype(d).name)

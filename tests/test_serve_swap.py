@@ -10,7 +10,8 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-import time
+from pathlib import Path
+from typing import NamedTuple
 
 import httpx
 import jax
@@ -51,19 +52,47 @@ def logits_of(artifacts):
 
 
 @pytest.fixture(scope="module")
-def server(artifacts):
+def held_load():
+    return HeldLoad()
+
+
+@pytest.fixture(scope="module")
+def server(artifacts, held_load):
+    """``stejax serve --artifact a``: the real loader (whose check a test may hold) and the real release gate."""
     config = ServeConfig(buckets=BUCKETS, max_rows=16, batch_wait_ms=1.0, admin_token=support.ADMIN_TOKEN)
-    with support.serving(create_app(support.source(artifacts.a), config)) as running:
+    with support.serving(create_app(ArtifactSource(artifacts.a, load=held_load), config)) as running:
         yield running
 
 
+# Each traffic thread answers this many requests before the admin call, while the candidate is being checked
+# (where the test holds the check) and after the call returned: counted, never a wall-clock window, so a
+# slow or loaded machine only makes the test take longer. The timeout only bounds a server that hangs.
+ANSWERS_EACH = 3
+LIVENESS_TIMEOUT_S = 120.0
+
+
+class Answer(NamedTuple):
+    thread: int
+    phase: int  # the traffic's phase when the request was sent (see Traffic.mark)
+    status: int
+    version: str | None
+    logits: np.ndarray | None
+
+
 class Traffic:
-    """Threads posting requests until stopped; records (status, version, logits) of every answer."""
+    """Threads posting requests until stopped; records every answer with the phase its request was sent in.
+
+    Phase 0 is before the admin call; :meth:`mark` starts the next phase. Entering the block waits until
+    every thread has had ``ANSWERS_EACH`` answers; leaving it starts a last phase (the admin call has
+    returned) and waits until every thread has had ``ANSWERS_EACH`` answers to requests sent in it.
+    """
 
     def __init__(self, server, x: np.ndarray, threads: int = 3):
-        self.server, self.x = server, x
-        self.answers: list[tuple[int, int, str | None, np.ndarray | None]] = []
-        self.transport_errors: list[Exception] = []
+        self.server, self.x, self.threads = server, x, threads
+        self.answers: list[Answer] = []
+        self.errors: list[BaseException] = []
+        self.phase = 0
+        self._changed = threading.Condition()
         self._stop = threading.Event()
         self._threads = [threading.Thread(target=self._run, args=(k,)) for k in range(threads)]
 
@@ -73,41 +102,78 @@ class Traffic:
             while not self._stop.is_set():
                 n = 1 + (i + k) % 8
                 i += 1
+                phase = self.phase  # read before sending: a request sent after mark() belongs to the new phase
                 try:
                     response = client.post("/v1/predict", json={"inputs": self.x[:n].tolist()})
-                except httpx.TransportError as error:
-                    self.transport_errors.append(error)
+                    body = response.json()
+                    logits = np.asarray(body["logits"], np.float32) if response.status_code == 200 else None
+                    answer = Answer(k, phase, response.status_code, body.get("model_version"), logits)
+                except Exception as error:  # a transport error or a body that is not the API's: the check fails
+                    with self._changed:
+                        self.errors.append(error)
+                        self._changed.notify_all()
                     continue
-                body = response.json()
-                logits = np.asarray(body["logits"], np.float32) if response.status_code == 200 else None
-                self.answers.append((k, response.status_code, body.get("model_version"), logits))
+                with self._changed:
+                    self.answers.append(answer)
+                    self._changed.notify_all()
+
+    def mark(self) -> int:
+        """Start the next phase; requests sent from now on belong to it. Returns its number."""
+        with self._changed:
+            self.phase += 1
+            return self.phase
+
+    def count(self, phase: int) -> list[int]:
+        """Per thread, the answers to requests sent in ``phase``."""
+        return [sum(1 for a in self.answers if a.thread == k and a.phase == phase) for k in range(self.threads)]
+
+    def answered_by(self, phase: int) -> list[list[str | None]]:
+        """Per thread, in order, the versions that answered requests sent in ``phase``."""
+        return [[a.version for a in self.answers if a.thread == k and a.phase == phase] for k in range(self.threads)]
+
+    def wait(self, phase: int) -> None:
+        """Until every thread has had ``ANSWERS_EACH`` answers to requests sent in ``phase``."""
+        with self._changed:
+            done = self._changed.wait_for(
+                lambda: self.errors or min(self.count(phase)) >= ANSWERS_EACH, timeout=LIVENESS_TIMEOUT_S
+            )
+            counts = self.count(phase)
+        assert not self.errors, self.errors[:3]
+        assert done, f"phase {phase}: answers per thread {counts}; expected {ANSWERS_EACH} each"
 
     def __enter__(self):
         for thread in self._threads:
             thread.start()
-        time.sleep(0.2)  # some answers before the admin call
+        self.wait(0)  # some answers before the admin call
         return self
 
-    def __exit__(self, *exc):
-        time.sleep(0.2)  # and some after
-        self._stop.set()
-        for thread in self._threads:
-            thread.join(timeout=60)
+    def __exit__(self, exc_type, *exc):
+        try:
+            if exc_type is None:
+                self.wait(self.mark())  # and some to requests sent after it returned
+        finally:
+            self._stop.set()
+            for thread in self._threads:
+                thread.join(timeout=60)
 
-    def check(self, logits_of, versions: set[str]) -> list[str]:
+    def check(self, logits_of, versions: set[str], *, final: str) -> list[str]:
         """Every answer a 200 from one of ``versions`` with that version's logits; the versions in order seen.
 
         Each thread sends one request at a time, so its answers are in request
         order; across threads they are not (a request in flight at the swap
         finishes on the old model, possibly after another thread's first answer
-        from the new one). Every thread must see the versions in one common order.
+        from the new one). Every thread must see the versions in one common order,
+        and every request sent after the admin call returned is answered by ``final``.
         """
-        assert not self.transport_errors, self.transport_errors[:3]
-        assert len(self.answers) > 10
+        assert not self.errors, self.errors[:3]
+        for phase in (0, self.phase):
+            assert min(self.count(phase)) >= ANSWERS_EACH, (phase, self.count(phase))
         per_thread: dict[int, list[str]] = {}
-        for k, status, version, logits in self.answers:
-            assert status == 200 and version in versions
+        for k, phase, status, version, logits in self.answers:
+            assert status == 200 and version in versions, (status, version)
             np.testing.assert_array_equal(logits, logits_of[version][: len(logits)])
+            if phase == self.phase:
+                assert version == final, f"a request sent after the admin call returned was answered by {version}"
             seen = per_thread.setdefault(k, [])
             if not seen or seen[-1] != version:
                 seen.append(version)
@@ -116,6 +182,32 @@ class Traffic:
             start = longest.index(seen[0])
             assert seen == longest[start : start + len(seen)], per_thread
         return longest
+
+
+class HeldLoad:
+    """The real loader (:func:`serve_support.load`), which holds the check of a chosen candidate until traffic answered.
+
+    ``hold(path, traffic)``: the next load of ``path`` (the first step of its check, in the service's admin
+    thread) starts a new traffic phase and waits until every thread has had ``ANSWERS_EACH`` answers to
+    requests sent in it, then loads: those answers were given while the candidate was being checked.
+    """
+
+    def __init__(self):
+        self.held: tuple[Path, Traffic] | None = None
+        self.phase: int | None = None
+
+    def hold(self, path: Path, traffic: Traffic) -> None:
+        self.held, self.phase = (Path(path), traffic), None
+
+    def __call__(self, path):
+        if self.held is not None and Path(path) == self.held[0]:
+            traffic = self.held[1]
+            self.held, self.phase = None, traffic.mark()
+            try:
+                traffic.wait(self.phase)
+            except AssertionError:
+                pass  # the test counts this phase's answers itself and fails with the counts
+        return support.load(path)
 
 
 def _status(server) -> dict:
@@ -150,19 +242,26 @@ def test_reload_refuses_an_oversized_body_with_413_like_predict(server):
     assert response.json() == {"error": f"admin/reload: body: {len(body)} bytes exceed the limit of 65536 bytes."}
 
 
-def test_tampered_refused_good_swapped_then_rolled_back_while_traffic_continues(server, artifacts, logits_of):
+def test_tampered_refused_good_swapped_then_rolled_back_while_traffic_continues(
+    server, artifacts, logits_of, held_load
+):
     version_a = server.service.live.version
     version_b = support.load(artifacts.b).version
     assert version_a != version_b
 
-    # A tampered candidate: refused with the reason, nothing changes, traffic never notices.
+    # A tampered candidate: refused with the reason, nothing changes, traffic never notices. Its check is
+    # held until every traffic thread has had answers from a meanwhile: a keeps serving while it is refused.
     with Traffic(server, artifacts.x) as traffic:
+        held_load.hold(artifacts.tampered, traffic)
         response = server.client.post("/admin/reload", json={"artifact": str(artifacts.tampered)}, headers=ADMIN)
+    assert held_load.phase is not None, "the tampered candidate was never loaded"
+    during = traffic.answered_by(held_load.phase)
+    assert all(v[:ANSWERS_EACH] == [version_a] * ANSWERS_EACH for v in during), during
     assert response.status_code == 422
     refused = response.json()
     assert refused["status"] == "refused" and refused["model_version"] == version_a
     assert any("sha256" in failure for failure in refused["failures"]), refused
-    assert traffic.check(logits_of, {version_a}) == [version_a]
+    assert traffic.check(logits_of, {version_a}, final=version_a) == [version_a]
     assert server.metric("stejax_reloads_total", 'outcome="refused"') == 1
     assert server.metric("stejax_model_info", f'version="{version_a}"') == 1
     assert _status(server)["last_swap"]["swapped"] is False
@@ -171,12 +270,15 @@ def test_tampered_refused_good_swapped_then_rolled_back_while_traffic_continues(
     response = server.client.post("/admin/reload", json={"artifact": str(artifacts.a / "nope")}, headers=ADMIN)
     assert response.status_code == 422 and server.service.live.version == version_a
 
-    # A good candidate: swapped atomically; answers switch from a to b once, never back.
+    # A good candidate: swapped atomically; a answers while b is checked, then answers switch to b once, never back.
     with Traffic(server, artifacts.x) as traffic:
+        held_load.hold(artifacts.b, traffic)
         response = server.client.post("/admin/reload", json={"artifact": str(artifacts.b)}, headers=ADMIN)
     assert response.status_code == 200, response.text
     assert response.json() == {"status": "swapped", "model_version": version_b, "previous_version": version_a}
-    assert traffic.check(logits_of, {version_a, version_b}) == [version_a, version_b]
+    during = traffic.answered_by(held_load.phase)
+    assert all(v[:ANSWERS_EACH] == [version_a] * ANSWERS_EACH for v in during), during
+    assert traffic.check(logits_of, {version_a, version_b}, final=version_b) == [version_a, version_b]
     assert server.metric("stejax_model_info", f'version="{version_b}"') == 1
     assert server.metric("stejax_model_info", f'version="{version_a}"') == 0
     assert _status(server)["previous_versions"] == [version_a]
@@ -187,7 +289,7 @@ def test_tampered_refused_good_swapped_then_rolled_back_while_traffic_continues(
         response = server.client.post("/admin/rollback", headers=ADMIN)
     assert response.status_code == 200
     assert response.json() == {"status": "swapped", "model_version": version_a, "previous_version": version_b}
-    assert traffic.check(logits_of, {version_a, version_b}) == [version_b, version_a]
+    assert traffic.check(logits_of, {version_a, version_b}, final=version_a) == [version_b, version_a]
     assert compilations() == compiled
     assert server.metric("stejax_reloads_total", 'outcome="rolled_back"') == 1
 
