@@ -32,7 +32,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from stejax.vq import Codebook, CompareSettings
+from stejax.estimators.latent import vq_quantize
+from stejax.vq import Codebook, CompareSettings, l2_normalize
 from stejax.vq._compare import AutoencoderConfig, _load, _Model, _model, _no_gradient, _run_one, references
 
 
@@ -53,6 +54,21 @@ class _CommitmentOnly(Codebook):
 def _constant(z, codebook):
     """A quantiser whose output does not depend on the image: the decoder can only learn the mean."""
     return jnp.zeros_like(z) + jax.lax.stop_gradient(codebook[0] * 0)
+
+
+def _rotation_unscaled(z, codebook):
+    """An ablation, not a catalog estimator: the rotation trick without its rescaling ``||q|| / ||z||``.
+
+    Forward: the nearest code exactly (``sg(q) + (Rz - sg(Rz))``, and ``x - x == 0``); Jacobian ``R``, the
+    paper's rotation alone, so the encoder's gradient keeps the decoder's magnitude as with the straight-through
+    estimator."""
+    sg = jax.lax.stop_gradient
+    q = sg(vq_quantize(z, codebook))
+    e = sg(l2_normalize(z))
+    f = sg(l2_normalize(q))
+    r = sg(l2_normalize(e + f))
+    rotated = z - 2 * jnp.sum(z * r, -1, keepdims=True) * r + 2 * jnp.sum(z * e, -1, keepdims=True) * f
+    return q + (rotated - sg(rotated))
 
 
 def _run(m: _Model, s: CompareSettings, x_train, x_val) -> list[dict]:
@@ -89,11 +105,12 @@ def _line(label: str, rows: list[dict]) -> str:
     )
 
 
-def rotation(base: CompareSettings, x_train, x_val, codebooks, variants) -> dict:
+def rotation(base: CompareSettings, x_train, x_val, codebooks, variants, estimators) -> dict:
     out = {}
     all_variants = {
         "comparison recipe": {},
         "commitment weight 1.0": {"commitment_weight": 1.0},
+        "commitment weight 0.05": {"commitment_weight": 0.05},
         "EMA decay 0.8": {"decay": 0.8},
         "codes at N(0, 1)": {"codebook_init_scale": 1.0},
         "learning rate 1e-3": {"learning_rate": 1e-3},
@@ -103,9 +120,13 @@ def rotation(base: CompareSettings, x_train, x_val, codebooks, variants) -> dict
         for c in codebooks:
             if label == "EMA decay 0.8" and c == "plain":
                 continue
-            for q in ("vq_ste", "rotation_trick"):
+            for q in estimators:
                 t0 = time.perf_counter()
-                rows = _run(_model(AutoencoderConfig(f"{q}-{c}", q, c), s), s, x_train, x_val)
+                quantizer = "rotation_trick" if q == "rotation_unscaled" else q
+                m = _model(AutoencoderConfig(f"{quantizer}-{c}", quantizer, c), s)
+                if q == "rotation_unscaled" and m.codebook is not None:
+                    m = m._replace(codebook=dataclasses.replace(m.codebook, estimator=_rotation_unscaled))
+                rows = _run(m, s, x_train, x_val)
                 name = f"{label} | {q}-{c}"
                 out[name] = rows
                 print(_line(name, rows) + f" ({time.perf_counter() - t0:.0f} s)", flush=True)
@@ -146,6 +167,11 @@ def main() -> None:
         default="comparison recipe;commitment weight 1.0;EMA decay 0.8;codes at N(0, 1)",
         help="semicolon-separated",
     )
+    ap.add_argument(
+        "--estimators",
+        default="vq_ste,rotation_trick",
+        help="comma-separated: vq_ste, rotation_trick, rotation_unscaled",
+    )
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     s = CompareSettings(seeds=tuple(range(a.seeds)), epochs=a.epochs)
@@ -153,7 +179,7 @@ def main() -> None:
     refs = [references(x_train[i], x_val[i], seed=k) for i, k in enumerate(s.seeds)]
     print("validation references (mean image, PCA 8, k-means 256):", [[round(v, 4) for v in r.values()] for r in refs])
     if a.sweep == "rotation":
-        result = rotation(s, x_train, x_val, a.codebooks.split(","), a.variants.split(";"))
+        result = rotation(s, x_train, x_val, a.codebooks.split(","), a.variants.split(";"), a.estimators.split(","))
     else:
         result = control(s, x_train, x_val)
     if a.out:

@@ -295,6 +295,13 @@ def _forward(m: _Model, params, x, **kw):
 # ------------------------------------------------------------------------------------------------
 
 
+def _loss(m: _Model, params, x, key, stage):
+    """The training loss: reconstruction MSE plus the quantiser's auxiliary loss; ``(loss, (mse, quantized))``."""
+    recon, qz = _forward(m, params, x, key=key, stage=stage, train=True)
+    mse = jnp.mean(jnp.square(recon - x))
+    return mse + qz.aux_loss, (mse, qz)
+
+
 def _run_one(m: _Model, key, x_train, x_test):
     """Train one seed and evaluate it; pure, so it vmaps over (key, x_train, x_test)."""
     import optax
@@ -321,16 +328,11 @@ def _run_one(m: _Model, key, x_train, x_test):
         )
     opt_state = optimizer.init(params)
 
-    def loss_fn(p, x, k, stage):
-        recon, qz = _forward(m, p, x, key=k, stage=stage, train=True)
-        mse = jnp.mean(jnp.square(recon - x))
-        return mse + qz.aux_loss, (mse, qz)
-
     def step(carry, inputs):
         p, o, st = carry
         x, k, stage = inputs
         k_q, k_dead = keys.split(k, where="vq compare: step -> quantiser, dead codes")
-        (_, (mse, qz)), grads = jax.value_and_grad(loss_fn, has_aux=True)(p, x, k_q, stage)
+        (_, (mse, qz)), grads = jax.value_and_grad(_loss, argnums=1, has_aux=True)(m, p, x, k_q, stage)
         updates, o = optimizer.update(grads, o, p)
         p = optax.apply_updates(p, updates)
         replaced = jnp.zeros((), jnp.int32)
