@@ -2,7 +2,7 @@
 
 Run from the repository root after the catalog changes:
 
-    .venv/bin/python docs/generate.py [--out docs] [--only NAME ...]
+    .venv/bin/python docs/generate.py [--out docs] [--only NAME ...] [--page-only]
 
 Everything in the page comes from ``stejax.estimators.catalog.CATALOG`` (each
 entry's math, kinks, parameters, extra arrays and reference) and from the first
@@ -28,6 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent, help="the docs folder")
     parser.add_argument("--only", action="append", default=None, metavar="NAME", help="only this estimator")
+    parser.add_argument("--page-only", action="store_true", help="write the page, not the pictures")
     options = parser.parse_args(argv)
     unknown = [n for n in options.only or () if n not in CATALOG]
     if unknown:
@@ -37,15 +38,16 @@ def main(argv: list[str] | None = None) -> int:
 
     images = options.out / IMAGES
     images.mkdir(parents=True, exist_ok=True)
-    for entry in entries:
+    for entry in () if options.page_only else entries:
         plot_estimator(entry, images / f"{entry.name}.png")
-    if not options.only:
+    if not options.only and not options.page_only:
         # An estimator that left the catalog leaves no picture behind.
         for stale in sorted(set(images.glob("*.png")) - {images / f"{e.name}.png" for e in entries}):
             stale.unlink()
     page = options.out / PAGE
     page.write_text(render_page(entries), encoding="utf-8")
-    print(f"wrote {page} and {len(entries)} picture(s) in {images}")
+    pictures = 0 if options.page_only else len(entries)
+    print(f"wrote {page} and {pictures} picture(s) in {images}")
     return 0
 
 

@@ -7,7 +7,7 @@ from click.testing import CliRunner
 
 from stejax.cli import main
 from stejax.estimators.catalog import CATALOG
-from stejax.render import derivative_math, plain_math
+from stejax.render import derivative_math, first_paragraph, plain_math, plain_roles
 
 
 @pytest.mark.parametrize("name", list(CATALOG))
@@ -15,6 +15,18 @@ def test_plain_math_leaves_no_latex(name):
     entry = CATALOG[name]
     for text in (plain_math(entry.forward_math), plain_math(derivative_math(entry))):
         assert "\\" not in text and "{" not in text and "}" not in text, text
+
+
+@pytest.mark.parametrize("name", list(CATALOG))
+def test_the_summary_show_prints_has_no_sphinx_roles(name):
+    text = plain_roles(first_paragraph(CATALOG[name].fn))
+    assert text and not any(mark in text for mark in (":math:", ":func:", ":class:", "``", "\\")), text
+
+
+def test_show_prints_the_summary_as_plain_text(tmp_path):
+    result = CliRunner().invoke(main, ["show", "absmean_ternary", "--out", str(tmp_path / "t.png")], terminal_width=200)
+    assert result.exit_code == 0, result.output
+    assert "Ternarise weights to {-γ, 0, +γ}, BitNet b1.58's absmean quantiser." in result.output, result.output
 
 
 def test_list_prints_plain_text_for_every_estimator():

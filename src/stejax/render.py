@@ -26,9 +26,11 @@ __all__ = [
     "input_text",
     "markdown_roles",
     "plain_math",
+    "plain_roles",
     "render_entry",
     "render_page",
     "table_math",
+    "table_roles",
 ]
 
 # The folder of the pictures, relative to the catalog page.
@@ -84,6 +86,8 @@ def plain_math(latex: str) -> str:
         return " ".join(latex.split())
     # Braces that only grouped (after \text, \operatorname, ...) go.
     text = re.sub(r"(?<!\\)[{}]", "", text)
+    # Escaped braces are set braces: \{-1, 0, +1\} reads {-1, 0, +1}.
+    text = text.replace("\\{", "{").replace("\\}", "}")
     text = " ".join(text.split())
     return re.sub(r" ([⌋⌉⟩])", r"\1", re.sub(r"([⌊⌈⟨]) ", r"\1", text))
 
@@ -138,6 +142,28 @@ def markdown_roles(text: str) -> str:
     return _ROLE.sub(lambda m: f"${m.group(2)}$" if m.group(1) == "math" else f"`{m.group(2)}`", text)
 
 
+def plain_roles(text: str) -> str:
+    r"""The docstrings' Sphinx roles and literals as plain text for the terminal.
+
+    ``:math:`x``` becomes :func:`plain_math` of ``x``, ``:func:`f``` (and the other
+    roles) the bare name ``f``, and a ``literal`` its content.
+
+    >>> plain_roles(r"To :math:`\{-1, 0, +1\}` or :math:`\pm 1` like :func:`sign_ste`, at ``bits`` bits.")
+    'To {-1, 0, +1} or ± 1 like sign_ste, at bits bits.'
+    """
+    text = _ROLE.sub(lambda m: plain_math(m.group(2)) if m.group(1) == "math" else m.group(2).lstrip("~."), text)
+    return re.sub(r"``([^`]+)``", r"\1", text)
+
+
+def table_roles(text: str) -> str:
+    r"""Sphinx roles as Markdown for a table cell: :func:`markdown_roles` with each formula's bars as ``\vert``.
+
+    >>> table_roles(r"Scale by :math:`|x|` like :func:`sign_ste`.")
+    'Scale by $\\vert x\\vert $ like `sign_ste`.'
+    """
+    return _ROLE.sub(lambda m: table_math(m.group(2)) if m.group(1) == "math" else f"`{m.group(2)}`", text)
+
+
 def catalog_markdown(entries: Iterable[Entry], *, image_dir: str) -> str:
     """A Markdown summary table of ``entries``, each row linking to its plot in ``image_dir``."""
     lines = [
@@ -180,13 +206,14 @@ def render_page(entries: Iterable[Entry]) -> str:
         "derivative, with kinks and ties as dotted lines; its caption says how inputs of rank 1, "
         "extra arrays and random draws were handled.",
         "",
-        "| name | family | forward | surrogate derivative |",
-        "|---|---|---|---|",
+        "| name | family | what it does |",
+        "|---|---|---|",
     ]
+    # The summary is words (which wrap); each formula is in the estimator's section, where it has the
+    # page's width: a table of formulas, which do not wrap, overflowed a 1280 px screen.
     for e in entries:
         link = f"[`{e.name}`](#{_anchor(e.name)})"
-        derivative = table_math(e.derivative_math) or _tangent_note(e)
-        lines.append(f"| {link} | {e.family} | {table_math(e.forward_math)} | {derivative} |")
+        lines.append(f"| {link} | {e.family} | {_cell(table_roles(first_paragraph(e.fn)))} |")
     for family in FAMILIES:
         members = [e for e in entries if e.family == family]
         if not members:

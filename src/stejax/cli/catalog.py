@@ -15,7 +15,7 @@ from rich.text import Text
 
 from stejax.estimators._entry import Entry
 from stejax.estimators.catalog import CATALOG, FAMILIES
-from stejax.render import default_text, derivative_math, first_paragraph, input_text, plain_math
+from stejax.render import default_text, derivative_math, first_paragraph, input_text, plain_math, plain_roles
 
 __all__ = ["list_command", "show", "verify_command"]
 
@@ -266,7 +266,7 @@ def _catalog_table(entries: Iterable[Entry]) -> Table:
 
 def _print_entry(console: Console, entry: Entry) -> None:
     console.rule(Text(f"{entry.name}  ({entry.family})"))
-    summary = first_paragraph(entry.fn)
+    summary = plain_roles(first_paragraph(entry.fn))
     if summary:
         console.print(Text(summary))
     rows = [
