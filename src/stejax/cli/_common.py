@@ -1,8 +1,9 @@
-"""What the command modules share: progress bars and turning the library's refusals into CLI errors."""
+"""What the command modules share: option decorators, progress bars and turning refusals into CLI errors."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 import click
@@ -12,6 +13,47 @@ from rich.progress import Progress
 from stejax._files import InputFileError
 
 T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., Any])
+
+# ----------------------------------------------------------------------------- shared options
+# One definition per recurring option, so that its name, type and wording agree in every command.
+
+
+def directory(*, exists: bool = False) -> click.Path:
+    """A directory path (``exists``: it must exist), given to the command as a ``Path``."""
+    return click.Path(exists=exists, file_okay=False, path_type=Path)
+
+
+def existing_file() -> click.Path:
+    """A file that must exist, given to the command as a ``Path``."""
+    return click.Path(exists=True, dir_okay=False, path_type=Path)
+
+
+def artifact_dir_argument(*, exists: bool = False) -> Callable[[F], F]:
+    """The ``ARTIFACT_DIR`` argument (``exists``: click checks it exists; otherwise the command says why not)."""
+    return click.argument("artifact_dir", type=directory(exists=exists))
+
+
+def run_dir_argument() -> Callable[[F], F]:
+    """The ``RUN_DIR`` argument: a run directory (``stejax train --out DIR``) that must exist."""
+    return click.argument("run_dir", type=directory(exists=True))
+
+
+def registry_option(*, required: bool = True, exists: bool = False, help: str | None = None) -> Callable[[F], F]:
+    """``--registry DIR``, passed as ``registry_dir``."""
+    return click.option(
+        "--registry", "registry_dir", type=directory(exists=exists), required=required, default=None, help=help
+    )
+
+
+def out_dir_option(help: str, *, required: bool = True) -> Callable[[F], F]:
+    """``--out DIR``: the folder a command writes."""
+    return click.option("--out", type=directory(), required=required, default=None, help=help)
+
+
+def epochs_option() -> Callable[[F], F]:
+    """``--epochs N``, overriding a configuration's number of epochs."""
+    return click.option("--epochs", type=click.IntRange(min=1), default=None, help="Override the number of epochs.")
 
 
 def guarded(run: Callable[[], T]) -> T:

@@ -14,6 +14,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from stejax.cli._common import artifact_dir_argument, existing_file, out_dir_option, registry_option, run_dir_argument
+
 __all__ = ["artifact_group", "export_command", "regress_group"]
 
 
@@ -93,8 +95,8 @@ def _split_dtypes(text: str | None) -> tuple[str, ...] | None:
 
 
 @click.command("export")
-@click.argument("run_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True, help="The artifact to write.")
+@run_dir_argument()
+@out_dir_option("The artifact to write.")
 @click.option("--parent", default=None, metavar="DIR|ID", help="The parent artifact (its directory or id).")
 def export_command(run_dir: Path, out: Path, parent: str | None) -> None:
     """Export a trained QAT run to integer weights and write the artifact OUT.
@@ -167,19 +169,19 @@ def artifact_group() -> None:
 
 
 @artifact_group.command("verify")
-@click.argument("artifact_dir", type=click.Path(file_okay=False, path_type=Path))
+@artifact_dir_argument()
 @click.option(
     "--public-key",
     "public_keys",
     multiple=True,
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    type=existing_file(),
     help="A trusted PEM public key (repeatable): the artifact must be signed by one of them (needs stejax[sign]).",
 )
 @click.option(
     "--certificate-chain",
     "roots",
     multiple=True,
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    type=existing_file(),
     help="A trusted root certificate (PEM, repeatable), for artifacts signed with a certificate.",
 )
 def artifact_verify(artifact_dir: Path, public_keys: tuple[Path, ...], roots: tuple[Path, ...]) -> None:
@@ -215,29 +217,29 @@ def artifact_verify(artifact_dir: Path, public_keys: tuple[Path, ...], roots: tu
 
 
 @artifact_group.command("sign")
-@click.argument("artifact_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@artifact_dir_argument(exists=True)
 @click.option(
     "--key",
     "private_key",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    type=existing_file(),
     required=True,
     help="The PEM elliptic-curve private key (P-256, P-384 or P-521).",
 )
 @click.option(
     "--certificate",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    type=existing_file(),
     default=None,
     help="The key's signing certificate (PEM); the signature then carries it and --chain.",
 )
 @click.option(
     "--chain",
     multiple=True,
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    type=existing_file(),
     help="A certificate between --certificate and the root (PEM, repeatable).",
 )
 @click.option(
     "--key-password-file",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    type=existing_file(),
     default=None,
     help="A file holding the private key's password, if it is encrypted.",
 )
@@ -270,7 +272,7 @@ def artifact_sign(
 
 
 @artifact_group.command("keygen")
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True, help="The directory.")
+@out_dir_option("The directory.")
 @click.option(
     "--curve", type=click.Choice(["secp256r1", "secp384r1", "secp521r1"]), default="secp256r1", show_default=True
 )
@@ -290,8 +292,8 @@ def artifact_trust() -> None:
 
 
 @artifact_trust.command("add")
-@click.argument("public_key_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("--registry", "registry_dir", type=click.Path(file_okay=False, path_type=Path), required=True)
+@click.argument("public_key_file", type=existing_file())
+@registry_option()
 def artifact_trust_add(public_key_file: Path, registry_dir: Path) -> None:
     """Trust PUBLIC_KEY_FILE (a PEM public key); logged in the registry's events."""
     from stejax.artifacts import Registry
@@ -302,7 +304,7 @@ def artifact_trust_add(public_key_file: Path, registry_dir: Path) -> None:
 
 @artifact_trust.command("remove")
 @click.argument("key")
-@click.option("--registry", "registry_dir", type=click.Path(file_okay=False, path_type=Path), required=True)
+@registry_option()
 def artifact_trust_remove(key: str, registry_dir: Path) -> None:
     """Stop trusting KEY (its PEM file, or 16+ hex digits of its fingerprint); what it signed stops being eligible."""
     from stejax.artifacts import Registry
@@ -312,7 +314,7 @@ def artifact_trust_remove(key: str, registry_dir: Path) -> None:
 
 
 @artifact_trust.command("list")
-@click.option("--registry", "registry_dir", type=click.Path(file_okay=False, path_type=Path), required=True)
+@registry_option()
 def artifact_trust_list(registry_dir: Path) -> None:
     """List the trusted keys (none: the registry does not check signatures)."""
     from stejax.artifacts import Registry
@@ -330,8 +332,8 @@ def artifact_trust_list(registry_dir: Path) -> None:
 
 
 @artifact_group.command("promote")
-@click.argument("artifact_dir", type=click.Path(file_okay=False, path_type=Path))
-@click.option("--registry", "registry_dir", type=click.Path(file_okay=False, path_type=Path), required=True)
+@artifact_dir_argument()
+@registry_option()
 @_dtypes_option
 def artifact_promote(artifact_dir: Path, registry_dir: Path, estimator_dtypes: str | None) -> None:
     """Run the gate on ARTIFACT_DIR and, if every check passes, make it the registry's current artifact."""
@@ -354,7 +356,7 @@ def artifact_promote(artifact_dir: Path, registry_dir: Path, estimator_dtypes: s
 
 
 @artifact_group.command("rollback")
-@click.option("--registry", "registry_dir", type=click.Path(file_okay=False, path_type=Path), required=True)
+@registry_option()
 def artifact_rollback(registry_dir: Path) -> None:
     """Make the previous verified artifact current again (nothing is deleted)."""
     from stejax.artifacts import Registry
@@ -364,7 +366,7 @@ def artifact_rollback(registry_dir: Path) -> None:
 
 
 @artifact_group.command("current")
-@click.option("--registry", "registry_dir", type=click.Path(file_okay=False, path_type=Path), required=True)
+@registry_option()
 def artifact_current(registry_dir: Path) -> None:
     """Print the current artifact's id and directory (verified on the way)."""
     from stejax.artifacts import Registry
@@ -377,7 +379,7 @@ def artifact_current(registry_dir: Path) -> None:
 
 
 @artifact_group.command("list")
-@click.option("--registry", "registry_dir", type=click.Path(file_okay=False, path_type=Path), required=True)
+@registry_option()
 def artifact_list(registry_dir: Path) -> None:
     """List the registry's artifacts: id, status, when promoted, preset, parent.
 
@@ -412,7 +414,7 @@ def regress_group() -> None:
 
 
 @regress_group.command("record")
-@click.argument("artifact_dir", type=click.Path(file_okay=False, path_type=Path))
+@artifact_dir_argument()
 def regress_record(artifact_dir: Path) -> None:
     """Store ARTIFACT_DIR/regression: fixed inputs (a batch, one example, zeros, ties, a bad shape) and outputs."""
     from stejax.regress import record
@@ -422,7 +424,7 @@ def regress_record(artifact_dir: Path) -> None:
 
 
 @regress_group.command("check")
-@click.argument("artifact_dir", type=click.Path(file_okay=False, path_type=Path))
+@artifact_dir_argument()
 def regress_check(artifact_dir: Path) -> None:
     """Recompute ARTIFACT_DIR's regression set and compare at the stated per-dtype tolerances."""
     from stejax.regress import check

@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from stejax.cli._common import directory, out_dir_option
 from stejax.cli.catalog import lookup
 
 __all__ = ["bench_command", "diagnose_command"]
@@ -28,12 +29,7 @@ _BENCH_SUITES = ("estimators", "train", "inference", "peers", "all")
     show_default=True,
     help="A suite to run (repeatable).",
 )
-@click.option(
-    "--out",
-    type=click.Path(file_okay=False, path_type=Path),
-    required=True,
-    help="Folder for bench.json, bench.md and bench.png.",
-)
+@out_dir_option("Folder for bench.json, bench.md and bench.png.")
 @click.option(
     "--repeats", type=click.IntRange(min=1), default=None, help="Timed rounds per group (default 30; quick 5)."
 )
@@ -126,18 +122,13 @@ def _bench_estimators_table(suite: Mapping[str, Any]) -> Table:
 @click.option(
     "--run",
     "run_dir",
-    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    type=directory(exists=True),
     default=None,
     help="A run directory (stejax train --out DIR): diagnose its reference pipeline.",
 )
 @click.option("--pipeline", "factory", metavar="MODULE:FACTORY", default=None, help="A function returning a Pipeline.")
 @click.option("--examples", type=click.IntRange(min=1), default=2, show_default=True, help="Examples to run on.")
-@click.option(
-    "--out",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=None,
-    help="Also write diagnose.json and diagnose.md here.",
-)
+@out_dir_option("Also write diagnose.json and diagnose.md here.", required=False)
 def diagnose_command(run_dir: Path | None, factory: str | None, examples: int, out: Path | None) -> None:
     """Find the first stage at which a training pipeline goes wrong; exit 1 if one does.
 

@@ -11,6 +11,8 @@ import click
 from rich.console import Console
 from rich.text import Text
 
+from stejax.cli._common import directory, existing_file, registry_option
+
 __all__ = ["serve_command"]
 
 _ADMIN_TOKEN_ENV = "STEJAX_ADMIN_TOKEN"
@@ -20,15 +22,13 @@ _ADMIN_TOKEN_ENV = "STEJAX_ADMIN_TOKEN"
 @click.option(
     "--artifact",
     "artifact_dir",
-    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    type=directory(exists=True),
     default=None,
     help="Serve this artifact directory.",
 )
-@click.option(
-    "--registry",
-    "registry_dir",
-    type=click.Path(exists=True, file_okay=False, path_type=Path),
-    default=None,
+@registry_option(
+    required=False,
+    exists=True,
     help="Serve this registry's current artifact; reloads promote through it, rollback rolls it back.",
 )
 @click.option("--host", default="127.0.0.1", show_default=True, help="The address to bind.")
@@ -62,7 +62,7 @@ _ADMIN_TOKEN_ENV = "STEJAX_ADMIN_TOKEN"
 )
 @click.option(
     "--admin-token-file",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    type=existing_file(),
     default=None,
     help=f"The admin bearer token (else ${_ADMIN_TOKEN_ENV}); without one the admin endpoints are off.",
 )
@@ -70,7 +70,7 @@ _ADMIN_TOKEN_ENV = "STEJAX_ADMIN_TOKEN"
     "--trust-key",
     "trust_keys",
     multiple=True,
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    type=existing_file(),
     help="Serve only artifacts signed by this PEM public key (repeatable; checked at start-up and on every reload, "
     "before the gate; needs stejax[sign]).",
 )
