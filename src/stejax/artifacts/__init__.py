@@ -12,6 +12,12 @@ Authenticity (the extra ``stejax[sign]``): :func:`sign_artifact` signs every
 file with OpenSSF model signing (``model.sig``); :func:`verify_signature`
 checks it against trusted keys; a :class:`Registry` that trusts keys accepts
 only artifacts they signed.
+
+Other artifact kinds (``stejax.lm``'s) are written and read with the same
+pieces: :func:`staging_dir`, :func:`write_file_durably` and :func:`publish_dir`
+(an atomic directory), :func:`seal_manifest` and :func:`check_manifest_integrity`
+(the manifest's own sha256), :func:`check_listed_files` (every listed file's size
+and sha256, nothing unlisted) and :func:`read_json_object` (a bounded JSON object).
 """
 
 from stejax.artifacts._gate import GateCheck as GateCheck
@@ -33,7 +39,14 @@ from stejax.artifacts._signing import verify_signature as verify_signature
 from stejax.artifacts._store import FORMAT as FORMAT
 from stejax.artifacts._store import Artifact as Artifact
 from stejax.artifacts._store import ArtifactError as ArtifactError
+from stejax.artifacts._store import check_listed_files as check_listed_files
+from stejax.artifacts._store import check_manifest_integrity as check_manifest_integrity
 from stejax.artifacts._store import environment as environment
 from stejax.artifacts._store import load_artifact as load_artifact
 from stejax.artifacts._store import manifest_digest as manifest_digest
+from stejax.artifacts._store import publish_dir as publish_dir
+from stejax.artifacts._store import read_json_object as read_json_object
 from stejax.artifacts._store import save_artifact as save_artifact
+from stejax.artifacts._store import seal_manifest as seal_manifest
+from stejax.artifacts._store import staging_dir as staging_dir
+from stejax.artifacts._store import write_file_durably as write_file_durably

@@ -34,9 +34,16 @@ __all__ = [
     "WEIGHTS_FILE",
     "Artifact",
     "ArtifactError",
+    "check_listed_files",
+    "check_manifest_integrity",
     "environment",
     "load_artifact",
+    "publish_dir",
+    "read_json_object",
     "save_artifact",
+    "seal_manifest",
+    "staging_dir",
+    "write_file_durably",
 ]
 
 FORMAT = "stejax-artifact/1"
@@ -124,8 +131,12 @@ def manifest_digest(manifest: Mapping[str, Any]) -> str:
     return hashlib.sha256(canonical({k: v for k, v in manifest.items() if k != "integrity"})).hexdigest()
 
 
-def sign(manifest: dict[str, Any]) -> dict[str, Any]:
-    """``manifest`` with its ``"integrity"`` entry (re)computed."""
+def seal_manifest(manifest: dict[str, Any]) -> dict[str, Any]:
+    """``manifest`` with its ``"integrity"`` entry (re)computed: the sha256 of the rest, the artifact's id.
+
+    Not a signature (anyone can recompute it): it catches edits, and
+    :func:`check_manifest_integrity` checks it on load. Signing is :func:`sign_artifact`.
+    """
     body = {k: v for k, v in manifest.items() if k != "integrity"}
     return {
         **body,
@@ -148,8 +159,12 @@ def sha256_file(path: Path) -> str:
 # ------------------------------------------------------------------------------ durable writes
 
 
-def write_file(path: Path, data: bytes) -> None:
-    """Create ``path`` (never overwrite), write ``data`` and fsync it."""
+def write_file_durably(path: Path, data: bytes) -> None:
+    """Create ``path`` (never overwrite: FileExistsError), write ``data`` and fsync it.
+
+    With :func:`staging_dir` and :func:`publish_dir`, the way every artifact kind is
+    written: files into a staging directory, then one atomic rename.
+    """
     with open(path, "xb") as f:
         f.write(data)
         f.flush()
@@ -164,16 +179,23 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def temp_dir_beside(target: Path, what: str) -> Path:
-    """A fresh hidden directory next to ``target`` (same file system, so a rename is atomic)."""
+def staging_dir(target: Path, what: str) -> Path:
+    """A fresh hidden directory ``.NAME.WHAT-partial-XXXX`` beside ``target`` (same file system: an atomic rename).
+
+    Write the files into it (:func:`write_file_durably`), then :func:`publish_dir`.
+    """
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.parent / f".{target.name}.{what}-partial-{secrets.token_hex(6)}"
     tmp.mkdir()
     return tmp
 
 
-def publish(tmp: Path, target: Path) -> None:
-    """fsync ``tmp``, rename it to ``target`` (which must not exist) and fsync the parent."""
+def publish_dir(tmp: Path, target: Path) -> None:
+    """fsync ``tmp``, rename it to ``target`` and fsync the parent: a crash leaves no target or a whole one.
+
+    Raises:
+      FileExistsError: ``target`` exists (artifacts are never overwritten).
+    """
     fsync_dir(tmp)
     if target.exists() or target.is_symlink():
         raise FileExistsError(f"{target} exists; artifacts are never overwritten.")
@@ -243,10 +265,10 @@ def save_artifact(
         raise FileExistsError(f"save_artifact: {out} exists; artifacts are never overwritten.")
     parent_id = _parent_id(parent)
     evidence = encode_evidence(result.evidence)
-    tmp = temp_dir_beside(out, "save")
+    tmp = staging_dir(out, "save")
     try:
-        write_file(tmp / WEIGHTS_FILE, result.weights_file)
-        write_file(tmp / PARITY_FILE, evidence)
+        write_file_durably(tmp / WEIGHTS_FILE, result.weights_file)
+        write_file_durably(tmp / PARITY_FILE, evidence)
         on_disk = (tmp / WEIGHTS_FILE).stat().st_size
         if on_disk != result.size.predicted_file_bytes:
             raise ArtifactError(
@@ -278,9 +300,9 @@ def save_artifact(
                 "size": {**result.size.to_dict(), "file_bytes_on_disk": on_disk},
             },
         }
-        manifest = sign(_json_ready(manifest, "manifest"))
-        write_file(tmp / MANIFEST, (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode())
-        publish(tmp, out)
+        manifest = seal_manifest(_json_ready(manifest, "manifest"))
+        write_file_durably(tmp / MANIFEST, (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode())
+        publish_dir(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -298,8 +320,13 @@ def _reject_constant(name: str):
     raise ValueError(f"the non-JSON constant {name}")
 
 
-def read_json(path: Path, *, limit: int = MAX_MANIFEST_BYTES) -> dict[str, Any]:
-    """A JSON object from a regular file of at most ``limit`` bytes (no NaN, no infinity)."""
+def read_json_object(path: Path, *, limit: int = MAX_MANIFEST_BYTES) -> dict[str, Any]:
+    """A JSON object from a regular file of at most ``limit`` bytes (no NaN, no infinity, no link followed).
+
+    Raises:
+      ArtifactError: a missing file, a link or directory, a file over ``limit``,
+        invalid JSON or not an object; the message names the file.
+    """
     try:
         info = os.lstat(path)
     except FileNotFoundError:
@@ -317,8 +344,12 @@ def read_json(path: Path, *, limit: int = MAX_MANIFEST_BYTES) -> dict[str, Any]:
     return data
 
 
-def check_integrity(manifest: dict[str, Any], where: Path) -> str:
-    """The manifest's id, after checking its ``integrity`` entry against its content."""
+def check_manifest_integrity(manifest: dict[str, Any], where: Path) -> str:
+    """The manifest's id, after checking its ``integrity`` entry (:func:`seal_manifest`) against its content.
+
+    Raises:
+      ArtifactError: no entry, or a content whose sha256 differs (an edit); ``where`` names the file.
+    """
     integrity = manifest.get("integrity")
     recorded = integrity.get("sha256") if isinstance(integrity, dict) else None
     if not isinstance(recorded, str):
@@ -336,8 +367,16 @@ def check_integrity(manifest: dict[str, Any], where: Path) -> str:
     return actual
 
 
-def check_files(root: Path, files: Any, *, extra_ok: tuple[str, ...] = ()) -> dict[str, bytes]:
-    """Re-hash every listed file, refuse unlisted ones; ``{name: bytes}``."""
+def check_listed_files(root: Path, files: Any, *, extra_ok: tuple[str, ...] = ()) -> dict[str, bytes]:
+    """Re-hash every file a manifest lists, refuse unlisted ones; ``{name: bytes}``.
+
+    ``files`` is the manifest's ``{"NAME": {"sha256": ..., "bytes": ...}}``; a file
+    must be a regular file inside ``root`` of that size and sha256; ``extra_ok``
+    names entries of ``root`` allowed without a listing (a regression folder, a signature).
+
+    Raises:
+      ArtifactError: the file and what differs (missing, size, sha256, a link, an unlisted entry).
+    """
     where = root / MANIFEST
     if not isinstance(files, dict) or not files:
         raise _fail(where, f"'files' must map file names to {{sha256, bytes}}; got {files!r}.")
@@ -491,14 +530,14 @@ def load_artifact(path: str | os.PathLike) -> Artifact:
     if not root.is_dir():
         raise _fail(root, "not a directory; an artifact is a directory with a manifest.json.")
     where = root / MANIFEST
-    manifest = read_json(where)
+    manifest = read_json_object(where)
     _expect(
         manifest.get("format") == FORMAT,
         where,
         f"format {manifest.get('format')!r}; this version reads {FORMAT!r}.",
     )
-    artifact_id = check_integrity(manifest, where)
-    files = check_files(root, manifest.get("files"), extra_ok=(REGRESSION_DIR, SIGNATURE_FILE))
+    artifact_id = check_manifest_integrity(manifest, where)
+    files = check_listed_files(root, manifest.get("files"), extra_ok=(REGRESSION_DIR, SIGNATURE_FILE))
     for name in (WEIGHTS_FILE, PARITY_FILE):
         _expect(name in files, where, f"'files' lacks {name!r}.")
     regression = root / REGRESSION_DIR
@@ -538,3 +577,13 @@ def load_artifact(path: str | os.PathLike) -> Artifact:
         raise _fail(root / WEIGHTS_FILE, str(e)) from None
     evidence = ParitySet(**{k: np.array(v) for k, v in evidence_arrays.items()})
     return Artifact(id=artifact_id, path=root, manifest=manifest, model=model, evidence=evidence)
+
+
+# The names used before the public ones above (stejax.artifacts re-exports those); kept for callers.
+sign = seal_manifest
+write_file = write_file_durably
+temp_dir_beside = staging_dir
+publish = publish_dir
+read_json = read_json_object
+check_integrity = check_manifest_integrity
+check_files = check_listed_files

@@ -5,7 +5,10 @@
 byte; binary packed eight to a byte; float32 scales), its parity with the
 fake-quantised model on the test split (:class:`ParityReport`), and the size of
 its weight file layer by layer (:class:`SizeReport`). :func:`stejax.artifacts.save_artifact`
-writes it. Needs the optional extra ``stejax[train]``.
+writes it. :func:`encode_safetensors`, :func:`decode_safetensors` and
+:func:`safetensors_file_size` write, check and size the safetensors files for
+packages that store models of their own (``stejax.lm``). Needs the optional extra
+``stejax[train]``.
 """
 
 from stejax.export._convert import ExportError as ExportError
@@ -29,6 +32,9 @@ from stejax.export._parity import ParitySet as ParitySet
 from stejax.export._parity import check_parity_set as check_parity_set
 from stejax.export._parity import parity as parity
 from stejax.export._safetensors import SafetensorsError as SafetensorsError
+from stejax.export._safetensors import decode_safetensors as decode_safetensors
+from stejax.export._safetensors import encode_safetensors as encode_safetensors
+from stejax.export._safetensors import safetensors_file_size as safetensors_file_size
 from stejax.export._size import LayerSize as LayerSize
 from stejax.export._size import SizeReport as SizeReport
 from stejax.export._size import size_report as size_report

@@ -4,11 +4,11 @@ A safetensors file is an 8-byte little-endian header length ``N``, ``N`` bytes o
 JSON, then the tensor bytes. The JSON maps each tensor name to
 ``{"dtype", "shape", "data_offsets": [begin, end]}`` (offsets into the data that
 follows the header) and may hold ``"__metadata__"``, a map of strings. Nothing in
-it is executable. :func:`encode` is the library's ``safetensors.numpy.save``;
+it is executable. :func:`encode_safetensors` is the library's ``safetensors.numpy.save``;
 :func:`header` lays the table out as the library does (tensors by dtype size,
 in the library's dtype order, then by name; the JSON padded with spaces to a multiple of 8
-bytes), so the file size follows from the table alone (:func:`file_size`), and
-a test holds the two to byte equality. :func:`decode` trusts nothing before the
+bytes), so the file size follows from the table alone (:func:`safetensors_file_size`), and
+a test holds the two to byte equality. :func:`decode_safetensors` trusts nothing before the
 library reads the tensors: the header length is bounded, the JSON must be an
 object without duplicate keys, every dtype known, every shape's byte count equal
 to its offsets' span, and the spans must tile the data exactly: inside the file,
@@ -24,7 +24,17 @@ from collections.abc import Mapping
 
 import numpy as np
 
-__all__ = ["MAX_HEADER_BYTES", "SafetensorsError", "decode", "encode", "file_size", "header"]
+__all__ = [
+    "MAX_HEADER_BYTES",
+    "SafetensorsError",
+    "decode",
+    "decode_safetensors",
+    "encode",
+    "encode_safetensors",
+    "file_size",
+    "header",
+    "safetensors_file_size",
+]
 
 # Far above any model here (a header entry is ~100 bytes), far below memory trouble.
 MAX_HEADER_BYTES = 1 << 20
@@ -76,14 +86,31 @@ def header(table: Mapping[str, tuple[tuple[int, ...], np.dtype]], metadata: Mapp
     return text + b" " * ((-(8 + len(text))) % 8)
 
 
-def file_size(table: Mapping[str, tuple[tuple[int, ...], np.dtype]], metadata: Mapping[str, str] | None = None) -> int:
-    """The size in bytes of :func:`encode`'s file for tensors of these shapes and dtypes."""
+def safetensors_file_size(
+    table: Mapping[str, tuple[tuple[int, ...], np.dtype]], metadata: Mapping[str, str] | None = None
+) -> int:
+    """The size in bytes of :func:`encode_safetensors`'s file for tensors ``{name: (shape, dtype)}``, before writing it.
+
+    Example:
+      >>> import numpy as np
+      >>> from stejax.export import encode_safetensors, safetensors_file_size
+      >>> table = {"w": ((3, 2), np.dtype(np.float32))}
+      >>> safetensors_file_size(table) == len(encode_safetensors({"w": np.zeros((3, 2), np.float32)}))
+      True
+    """
     data = sum(math.prod(shape) * np.dtype(dtype).itemsize for shape, dtype in table.values())
     return 8 + len(header(table, metadata)) + data
 
 
-def encode(tensors: Mapping[str, np.ndarray], metadata: Mapping[str, str] | None = None) -> bytes:
-    """A safetensors file's bytes for ``{name: array}``, by ``safetensors.numpy.save``."""
+def encode_safetensors(tensors: Mapping[str, np.ndarray], metadata: Mapping[str, str] | None = None) -> bytes:
+    """A safetensors file's bytes for ``{name: array}``, by ``safetensors.numpy.save`` (never a pickle).
+
+    Only the dtypes float32, float64, int8, uint8, int16, int32 and int64 are stored;
+    ``metadata`` values become strings in the header's ``__metadata__``.
+
+    Raises:
+      SafetensorsError: a tensor of another dtype (its name and dtype).
+    """
     from safetensors.numpy import save
 
     for name, a in tensors.items():
@@ -106,8 +133,12 @@ def _reject_constant(name):
     raise SafetensorsError(f"the header holds the non-JSON constant {name}")
 
 
-def decode(data: bytes, where: str) -> tuple[dict[str, np.ndarray], dict[str, str]]:
-    """Validate a safetensors file's bytes and return ``({name: array}, metadata)``.
+def decode_safetensors(data: bytes, where: str) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """Validate a safetensors file's bytes and return ``({name: array}, metadata)``, without the library.
+
+    The header is checked here (its length, JSON without duplicates or NaN, every
+    tensor's dtype, shape and offsets, contiguous and in bounds) before any array is
+    made, so a truncated file or a pickle is refused with a message, never loaded.
 
     Arrays come in header order sorted by offset, read-only, native byte order.
 
@@ -211,3 +242,9 @@ def decode(data: bytes, where: str) -> tuple[dict[str, np.ndarray], dict[str, st
         a.flags.writeable = False
         arrays[name] = a
     return arrays, metadata
+
+
+# The names this module's callers used before the public ones (stejax.export re-exports those).
+decode = decode_safetensors
+encode = encode_safetensors
+file_size = safetensors_file_size
