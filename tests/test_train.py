@@ -39,11 +39,13 @@ from stejax.train import (
     StepMetrics,
     TrainConfig,
     compare,
+    compiled_train_step,
     compiled_update,
     evaluate,
     forward,
     load_params,
     load_run,
+    logged_update,
     loss,
     make_optimizer,
     paired_delta,
@@ -273,7 +275,8 @@ def test_update_compiles_once_for_all_seeds():
     for seed in (0, 1):
         train(dataclasses.replace(config, seed=seed), splits=_splits())
     mc, qc = config.model_config(_splits().train), config.qat_config()
-    step = compiled_update(mc, qc, make_optimizer(config, len(_splits().train) // config.batch_size))
+    # One program for every step, logging steps included (the fractions sit under a lax.cond).
+    step = compiled_train_step(mc, qc, make_optimizer(config, len(_splits().train) // config.batch_size))
     assert step._cache_size() == 1
 
 
@@ -307,21 +310,41 @@ def test_non_finite_parameter_stops_the_run_naming_step_and_leaf(monkeypatch):
 def test_non_finite_guard_counts_steps(monkeypatch):
     # The step after the third returns a NaN bias; the fourth step meets it.
     calls = []
-    real = loop_module.compiled_update
+    real = loop_module.compiled_train_step
 
     def poisoning(*args):
         step = real(*args)
 
-        def wrapped(params, opt_state, batch, key):
+        def wrapped(params, opt_state, batch, key, log):
             calls.append(1)
-            params, opt_state, metrics = step(params, opt_state, batch, key)
+            params, opt_state, metrics = step(params, opt_state, batch, key, log)
             return (_nan_at(params, 0, "b") if len(calls) == 3 else params), opt_state, metrics
 
         return wrapped
 
-    monkeypatch.setattr(loop_module, "compiled_update", poisoning)
+    monkeypatch.setattr(loop_module, "compiled_train_step", poisoning)
     with pytest.raises(NonFiniteError, match=r"step 4 .*params\['layers'\]\[0\]\['b'\] \(layers/0/b\)"):
         train(TINY, splits=_splits())
+
+
+def test_logged_update_is_update_with_the_fractions_on_logging_steps_only():
+    # Dropout on (TINY): the second forward pass must see the step's own masks.
+    mc, qc, params = _model("mlp", "w4a4")
+    # Features scaled up so that some inputs saturate: the fractions are not all 0.
+    batch, key, opt = _batch()._replace(x=_batch().x * np.float32(8)), jax.random.key(3), make_optimizer(TINY, 8)
+    want = compiled_update(mc, qc, opt)(params, opt.init(params), batch, key)
+    step = jax.jit(functools.partial(logged_update, model_config=mc, qat_config=qc, optimizer=opt))
+    for log in (True, False):
+        new, state, metrics = step(params, opt.init(params), batch, key, log)
+        for a, b in zip(jax.tree.leaves((new, state)), jax.tree.leaves(want[:2]), strict=True):
+            np.testing.assert_array_equal(a, b)
+        assert float(metrics.loss) == float(want[2].loss) and bool(metrics.finite)
+        assert jax.tree.structure(metrics.zero_grad) == jax.tree.structure(want[2].zero_grad)
+        fractions = jax.tree.leaves(metrics.zero_grad)
+        if log:
+            assert fractions == jax.tree.leaves(want[2].zero_grad) and any(float(f) > 0 for f in fractions)
+        else:
+            assert all(float(f) == 0 for f in fractions)
 
 
 def test_non_finite_loss_is_named():
@@ -610,9 +633,21 @@ def test_compare_writes_the_report_with_a_split_per_seed_and_paired_deltas(tmp_p
 
 
 def test_compare_with_one_fixed_split_and_one_seed_says_n_a(tmp_path):
+    # Two workers: w8a8 trains in a spawned process, with the same result as here.
     report = compare(
-        ["float", "w8a8"], seeds=[3], base=TINY, out_dir=tmp_path, split="fixed", splits=_splits(), plots=False
+        ["float", "w8a8"],
+        seeds=[3],
+        base=TINY,
+        out_dir=tmp_path,
+        split="fixed",
+        splits=_splits(),
+        plots=False,
+        timing_repeats=3,
+        workers=2,
     )
+    here = train(dataclasses.replace(TINY, preset="w8a8", seed=3), splits=_splits())
+    assert report["runs"]["w8a8"][0]["test_accuracy"] == here.test_accuracy
+    assert report["runs"]["w8a8"][0]["test_loss"] == here.test_loss
     assert report["setup"]["split"] == "fixed" and report["setup"]["split_seeds"] == [0]
     assert report["runs"]["w8a8"][0]["data_seed"] == 0 and report["runs"]["w8a8"][0]["seed"] == 3
     row = report["summary"]["w8a8"]
@@ -633,6 +668,8 @@ def test_compare_rejects_unknown_presets_bad_seeds_and_mixed_split_arguments(tmp
         compare(["float"], splits=_splits(), out_dir=tmp_path)
     with pytest.raises(ValueError, match="data= is split per seed"):
         compare(["float"], split="fixed", data=_small_digits(), out_dir=tmp_path)
+    with pytest.raises(ValueError, match="workers must be a positive int"):
+        compare(["float"], workers=0, out_dir=tmp_path)
 
 
 # ----------------------------------------------------------------------------- the CLI
@@ -717,5 +754,5 @@ def test_cli_demo_runs_the_comparison(runner, tmp_path, monkeypatch):
     ((names, kwargs),) = calls
     assert names == PRESETS and kwargs["seeds"] == 10 and kwargs["split"] == "per-seed"
     assert kwargs["out_dir"] == tmp_path
-    assert kwargs["base"] == TrainConfig()
+    assert kwargs["base"] == TrainConfig() and kwargs["workers"] == 2
     assert f"report: {(tmp_path / 'report.md').resolve()}" in result.output.replace("\n", "")

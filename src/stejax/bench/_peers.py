@@ -35,7 +35,8 @@ def peers_suite(*, repeats: int, warmup: int, quick: bool) -> dict[str, Any]:
     * ``stejax float``, ``stejax w8a8``: :func:`stejax.train.update` jitted (the
       ``w8a8`` preset: 8-bit LSQ weights and inputs in every layer, learned steps);
       ``stejax w8a8 (no statistics)``: the same step with ``statistics=False``
-      (no zero-gradient fractions, no finite flag over parameters and gradient);
+      (no zero-gradient fractions; the finite flag stays), the step
+      :func:`stejax.train.train` takes on every batch but an epoch's last;
     * ``stejax int8``: Qwix's scheme built from the catalog on the functional
       pipeline: :func:`stejax.fake_quant` with :func:`stejax.absmax_scale`, int8
       weights per output channel and int8 inputs per tensor, both scales
@@ -63,6 +64,42 @@ def peers_suite(*, repeats: int, warmup: int, quick: bool) -> dict[str, Any]:
             "groups": [],
             "notes": notes,
         }
+    group, mlp_notes, config = mlp_group(repeats=repeats, warmup=warmup, quick=quick)
+    notes += mlp_notes
+    # The spiking peer (Spyx): a two-layer LIF training step per T, beside stejax.snn's.
+    from stejax.bench._peers_snn import snn_peer_groups
+
+    snn_groups, snn_notes = snn_peer_groups(repeats=repeats, warmup=warmup, quick=quick)
+    notes += snn_notes
+    # Qwix's quantize_model beside stejax.flax's rules on the same NNX models (digits CNN, transformer block).
+    from stejax.bench._peers_rules import rules_peer_groups
+
+    rules_groups, rules_notes = rules_peer_groups(repeats=repeats, warmup=warmup, quick=quick)
+    notes += rules_notes
+    return {
+        "status": "ok",
+        "note": "",
+        "config": {
+            "model": "mlp",
+            "hidden": list(config.hidden),
+            "batch_size": config.batch_size,
+            "flax": importlib.metadata.version("flax"),
+            "qwix": importlib.metadata.version("qwix"),
+        },
+        "groups": [group, *snn_groups, *rules_groups],
+        "notes": notes,
+    }
+
+
+def mlp_group(*, repeats: int, warmup: int, quick: bool) -> tuple[dict[str, Any], list[str], Any]:
+    """The functional-pipeline group of :func:`peers_suite` (its variants, described there), and its notes.
+
+    Also run alone, with more rounds, by ``benchmarks/qat_step_int8.py``.
+
+    Returns:
+      ``(group, notes, config)``: the :func:`stejax.bench.compare` record, the
+      peer libraries' warnings, and the :class:`stejax.train.TrainConfig` of the set-up.
+    """
     import optax
     import qwix
     from flax import nnx
@@ -122,7 +159,7 @@ def peers_suite(*, repeats: int, warmup: int, quick: bool) -> dict[str, Any]:
         # Outside standard_promotion: the promotion mode is part of jit's trace cache key,
         # and the timed calls run in the caller's mode.
         calls.update(nnx_steps(nnx, optax, optimizer, {"flax float": float_model, "qwix int8": qwix_model}, x, y))
-    notes += sorted({f"{w.category.__name__} from a peer library: {' '.join(str(w.message).split())}" for w in caught})
+    notes = sorted({f"{w.category.__name__} from a peer library: {' '.join(str(w.message).split())}" for w in caught})
 
     ratios = [
         ("stejax int8", "qwix int8"),
@@ -130,6 +167,7 @@ def peers_suite(*, repeats: int, warmup: int, quick: bool) -> dict[str, Any]:
         ("qwix int8", "stejax w8a8"),
         ("flax float", "stejax float"),
         ("stejax w8a8", "stejax float"),
+        ("stejax w8a8 (no statistics)", "stejax float"),
         ("qwix int8", "flax float"),
     ]
     info = {
@@ -143,10 +181,11 @@ def peers_suite(*, repeats: int, warmup: int, quick: bool) -> dict[str, Any]:
         "fake_quant(u, absmax_scale(u, bits=8), bits=8) (per tensor, dynamic), scales recomputed every step, "
         "clipped straight-through gradient; a plain jitted value_and_grad and optimiser step",
         "stejax w8a8 (no statistics)": "stejax w8a8 with update(..., statistics=False): no zero-gradient "
-        "fractions, the finite flag of the loss only",
+        "fractions, the finite flag over parameters, loss and gradient (train's step on all but an epoch's "
+        "last batch)",
         "qwix_quantised_dot_generals": calls.pop("_quantised_dots"),
-        "differences": "stejax's step also computes a finite flag and zero-gradient statistics; "
-        "Flax and Qwix run under standard promotion",
+        "differences": "stejax's update also computes a finite flag (and, with statistics, the zero-gradient "
+        "fractions); Flax and Qwix run under standard promotion",
     }
     group = compare(
         f"QAT training step, MLP, batch {config.batch_size}",
@@ -156,29 +195,7 @@ def peers_suite(*, repeats: int, warmup: int, quick: bool) -> dict[str, Any]:
         ratios=ratios,
         info=info,
     )
-    # The spiking peer (Spyx): a two-layer LIF training step per T, beside stejax.snn's.
-    from stejax.bench._peers_snn import snn_peer_groups
-
-    snn_groups, snn_notes = snn_peer_groups(repeats=repeats, warmup=warmup, quick=quick)
-    notes += snn_notes
-    # Qwix's quantize_model beside stejax.flax's rules on the same NNX models (digits CNN, transformer block).
-    from stejax.bench._peers_rules import rules_peer_groups
-
-    rules_groups, rules_notes = rules_peer_groups(repeats=repeats, warmup=warmup, quick=quick)
-    notes += rules_notes
-    return {
-        "status": "ok",
-        "note": "",
-        "config": {
-            "model": "mlp",
-            "hidden": list(config.hidden),
-            "batch_size": config.batch_size,
-            "flax": importlib.metadata.version("flax"),
-            "qwix": importlib.metadata.version("qwix"),
-        },
-        "groups": [group, *snn_groups, *rules_groups],
-        "notes": notes,
-    }
+    return group, notes, config
 
 
 def _int8_step(optimizer):

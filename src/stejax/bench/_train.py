@@ -16,7 +16,7 @@ from stejax.model import PRESETS, init_params, preset
 
 __all__ = ["train_suite"]
 
-# The presets also timed without the step statistics (update(..., statistics=False)).
+# The presets also timed without the zero-gradient fractions (update(..., statistics=False)).
 BARE = ("float", "w8a8", "w4a4")
 
 
@@ -30,7 +30,9 @@ def train_suite(*, repeats: int, warmup: int, quick: bool, presets: Sequence[str
     dropout key per call; the parameters are not carried from call to call, so
     every call does the same work. ``float``, ``w8a8`` and ``w4a4`` are also
     timed as ``"<name> (no statistics)"``: the same step without the
-    zero-gradient fractions and the finite flag (``statistics=False``).
+    zero-gradient fractions (``statistics=False``), the step
+    :func:`stejax.train.train` takes on every batch but an epoch's last; both
+    compute the finite flag over the parameters, the loss and the gradient.
 
     Returns:
       ``{"config", "groups"}``: one group, the variants the presets, each
@@ -60,7 +62,7 @@ def train_suite(*, repeats: int, warmup: int, quick: bool, presets: Sequence[str
         stream = itertools.cycle(step_keys)
         calls[name] = lambda step=step, p=params, s=opt_state, it=stream: step(p, s, batch, next(it))
         if name in BARE:
-            # The same step without the zero-gradient fractions and the finite flag: what they cost.
+            # The same step without the zero-gradient fractions (the finite flag stays): what they cost.
             bare = compiled_update(model_config, qat_config, optimizer, statistics=False)
             stream = itertools.cycle(step_keys)
             calls[f"{name} (no statistics)"] = lambda step=bare, p=params, s=opt_state, it=stream: step(

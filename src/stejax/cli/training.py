@@ -154,6 +154,15 @@ def train_command(
     console.print(Text(f"run directory: {out.resolve()}"))
 
 
+_workers_option = click.option(
+    "--workers",
+    type=click.IntRange(min=1),
+    default=2,
+    show_default=True,
+    help="Processes that train at once (configurations shared out whole; the results do not depend on it).",
+)
+
+
 @click.command("compare")
 @click.option("--seeds", type=click.IntRange(min=1), default=10, show_default=True, help="Seeds per configuration.")
 @_split_option
@@ -173,6 +182,7 @@ def train_command(
     required=True,
     help="Folder for report.md, report.json, plots/ and runs/.",
 )
+@_workers_option
 def compare_command(
     seeds: int,
     split: str,
@@ -181,6 +191,7 @@ def compare_command(
     configs: str | None,
     timing_repeats: int,
     out: Path,
+    workers: int,
 ) -> None:
     """Compare the QAT configurations over seeds and write the report.
 
@@ -192,7 +203,15 @@ def compare_command(
     split s; --split fixed shares one split among all seeds.
     """
     _run_compare(
-        Console(), out, seeds=seeds, split=split, epochs=epochs, model=model, configs=configs, repeats=timing_repeats
+        Console(),
+        out,
+        seeds=seeds,
+        split=split,
+        epochs=epochs,
+        model=model,
+        configs=configs,
+        repeats=timing_repeats,
+        workers=workers,
     )
 
 
@@ -214,7 +233,10 @@ def compare_command(
     show_default=True,
     help="Also draw every estimator into OUT/plots and write OUT/catalog.md (as in docs/).",
 )
-def demo(out: Path, seeds: int, split: str, epochs: int | None, configs: str | None, catalog: bool) -> None:
+@_workers_option
+def demo(
+    out: Path, seeds: int, split: str, epochs: int | None, configs: str | None, catalog: bool, workers: int
+) -> None:
     """Run the main job: the QAT comparison on the digits, with its report in OUT.
 
     The same as `stejax compare --out OUT` with the default recipe: every QAT
@@ -225,7 +247,9 @@ def demo(out: Path, seeds: int, split: str, epochs: int | None, configs: str | N
     out.mkdir(parents=True, exist_ok=True)
     if catalog:
         _demo_catalog(console, out)
-    _run_compare(console, out, seeds=seeds, split=split, epochs=epochs, model=None, configs=configs, repeats=200)
+    _run_compare(
+        console, out, seeds=seeds, split=split, epochs=epochs, model=None, configs=configs, repeats=200, workers=workers
+    )
 
 
 def _train_config(cls, preset_name, config_file, **overrides):
@@ -306,6 +330,7 @@ def _run_compare(
     model: str | None,
     configs: str | None,
     repeats: int,
+    workers: int = 1,
 ) -> None:
     from stejax.model import PRESETS
     from stejax.train import TrainConfig, compare
@@ -340,7 +365,14 @@ def _run_compare(
 
         report = guarded(
             lambda: compare(
-                names, seeds=seeds, split=split, base=base, out_dir=out, timing_repeats=repeats, on_event=on_event
+                names,
+                seeds=seeds,
+                split=split,
+                base=base,
+                out_dir=out,
+                timing_repeats=repeats,
+                on_event=on_event,
+                workers=workers,
             )
         )
     console.print(_compare_table(report))

@@ -99,6 +99,13 @@ _STATIC = ("axis", "group_size", "qmax")
 
 @functools.partial(jax.jit, static_argnames=_STATIC)
 def _absmax(x, *, axis, group_size, qmax):
+    if axis is not None:
+        # Per channel: reduce over the other axes where they lie. A max is exact in any
+        # order, so this is _arrange's row max bit for bit, without the transposed copy of
+        # x that moveaxis + reshape makes (one per weight matrix in a QAT step).
+        others = tuple(i for i in range(x.ndim) if i != axis)
+        amax = jnp.max(jnp.abs(x), axis=others).astype(_compute_dtype(x.dtype))
+        return _floor((amax * (1 / qmax)).astype(x.dtype))
     return _floor(_absmax_step(_arrange(x, axis, group_size), qmax).astype(x.dtype))
 
 

@@ -41,9 +41,11 @@ from stejax.train._seeds import train_seeds as train_seeds
 from stejax.train._step import Batch as Batch
 from stejax.train._step import NonFiniteError as NonFiniteError
 from stejax.train._step import StepMetrics as StepMetrics
+from stejax.train._step import compiled_train_step as compiled_train_step
 from stejax.train._step import compiled_update as compiled_update
 from stejax.train._step import evaluate as evaluate
 from stejax.train._step import forward as forward
+from stejax.train._step import logged_update as logged_update
 from stejax.train._step import loss as loss
 from stejax.train._step import needs_key as needs_key
 from stejax.train._step import raise_if_nonfinite as raise_if_nonfinite

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
+import multiprocessing
 import os
 import platform
+import queue
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +27,7 @@ from stejax.data import split as split_dataset
 from stejax.model import PRESETS, MLPConfig, init_params, preset
 from stejax.train._config import TrainConfig, make_optimizer
 from stejax.train._loop import load_splits, train
-from stejax.train._step import Batch, compiled_update, needs_key
+from stejax.train._step import Batch, compiled_train_step, needs_key
 
 __all__ = ["SPLITS", "TARGETS", "TARGETS_SET_FOR", "Target", "compare", "paired_delta", "time_steps"]
 
@@ -211,6 +215,7 @@ def compare(
     timing_warmup: int = 10,
     on_event: Callable[[Mapping[str, Any]], None] | None = None,
     plots: bool = True,
+    workers: int = 1,
 ) -> dict[str, Any]:
     """Train every preset over several seeds, compare each with float paired by seed, time the steps, report.
 
@@ -257,13 +262,23 @@ def compare(
         after each epoch, ``{"event": "run", "preset", "seed", "test_accuracy"}``
         after each run and ``{"event": "timing"}`` before the timing.
       plots: draw the figures (matplotlib) (default True).
+      workers: processes that train at once (default 1: this one only). With
+        ``n > 1`` the presets are shared out, whole (every seed of a preset in one
+        process, so each compiles its step once), between this process and
+        ``n - 1`` spawned ones; the runs and their results are the same as with
+        one (each run is the same pure computation), only the order of the
+        ``on_event`` calls differs. XLA:CPU runs these small programs on about
+        one core each, so two workers use a two-core machine. The spawned
+        processes import the caller's main module: a script that calls this
+        with ``workers > 1`` needs the ``if __name__ == "__main__":`` guard.
 
     Returns:
       The report (as written to ``report.json``).
 
     Raises:
       ValueError: an unknown preset or split mode, no seeds, a repeated seed or
-        preset, ``splits`` with per-seed splits, or ``data`` with a fixed split.
+        preset, ``splits`` with per-seed splits, ``data`` with a fixed split, or
+        ``workers`` not a positive int.
     """
     base = TrainConfig() if base is None else base
     presets = tuple(presets)
@@ -283,44 +298,14 @@ def compare(
         )
     if split == "fixed" and data is not None:
         raise ValueError("compare: data= is split per seed; with split='fixed' pass splits= (or neither).")
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ValueError(f"compare: workers must be a positive int (processes that train at once); got {workers!r}.")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     run_splits = _run_splits(base, seed_list, split, data, splits)
     started = time.perf_counter()
 
-    runs: dict[str, list[dict[str, Any]]] = {}
-    first_params: dict[str, Any] = {}
-    normalizer: Normalizer | None = None
-    for name in presets:
-        runs[name] = []
-        for seed, run_split in zip(seed_list, run_splits, strict=True):
-            config = dataclasses.replace(base, preset=name, seed=seed, data_seed=run_split.seed)
-
-            def epoch_event(record, name=name, seed=seed):
-                if on_event is not None:
-                    on_event({"event": "epoch", "preset": name, "seed": seed, "record": record})
-
-            result = train(config, splits=run_split, out_dir=out / "runs" / name / f"seed-{seed}", on_epoch=epoch_event)
-            if name not in first_params:
-                first_params[name] = result.params
-                normalizer = result.normalizer if normalizer is None else normalizer
-            runs[name].append(
-                {
-                    "seed": seed,
-                    "data_seed": run_split.seed,
-                    "test_accuracy": result.test_accuracy,
-                    "test_loss": result.test_loss,
-                    "best_epoch": result.best_epoch,
-                    "best_val_accuracy": result.best_val_accuracy,
-                    "epochs_run": len(result.history),
-                    "stopped_early": result.stopped_early,
-                    "seconds": result.seconds,
-                    "run_dir": f"runs/{name}/seed-{seed}",
-                    "history": list(result.history),
-                }
-            )
-            if on_event is not None:
-                on_event({"event": "run", "preset": name, "seed": seed, "test_accuracy": result.test_accuracy})
+    runs, first_params, normalizer = _train_all(presets, base, seed_list, run_splits, out, on_event, workers)
     train_seconds = time.perf_counter() - started
 
     if on_event is not None:
@@ -414,6 +399,150 @@ def compare(
     return report
 
 
+def _train_all(
+    presets: tuple[str, ...],
+    base: TrainConfig,
+    seed_list: list[int],
+    run_splits: list[Splits],
+    out: Path,
+    on_event: Callable[[Mapping[str, Any]], None] | None,
+    workers: int,
+) -> tuple[dict[str, list[dict[str, Any]]], dict[str, Any], Normalizer]:
+    """Every (preset, seed) run, here or shared with ``workers - 1`` spawned processes.
+
+    Returns the run rows per preset (in ``presets`` order), each preset's first
+    seed's best parameters (for the timing) and that run's normaliser.
+    """
+    emit = on_event if on_event is not None else (lambda event: None)
+    shares = _shares(presets, workers)
+    done: dict[str, tuple[list[dict[str, Any]], Any, Normalizer]] = {}
+    if len(shares) == 1:
+        done.update(_train_presets(shares[0], base, seed_list, run_splits, out, emit))
+    else:
+        context = multiprocessing.get_context("spawn")  # JAX's threads do not survive a fork
+        events = context.Queue()
+
+        def drain() -> None:
+            while True:
+                try:
+                    event = events.get_nowait()
+                except queue.Empty:
+                    return
+                emit(event)
+
+        def emit_here(event: Mapping[str, Any]) -> None:
+            emit(event)
+            drain()
+
+        with ProcessPoolExecutor(
+            len(shares) - 1, mp_context=context, initializer=_set_events, initargs=(events,)
+        ) as pool:
+            futures: list[Future[Any]] = [
+                pool.submit(_train_presets_child, share, base, seed_list, run_splits, out) for share in shares[1:]
+            ]
+            done.update(_train_presets(shares[0], base, seed_list, run_splits, out, emit_here))
+            # While the others train, compile their steps here for the timing that follows.
+            for share in shares[1:]:
+                for name in share:
+                    _warm_step(name, base, run_splits[0])
+                    drain()
+            while not all(f.done() for f in futures):
+                time.sleep(0.1)
+                drain()
+            drain()
+            for future in futures:
+                for name, (rows, params, normalizer) in future.result().items():
+                    done[name] = (rows, jax.tree.map(jnp.asarray, params), normalizer)
+    runs = {name: done[name][0] for name in presets}
+    first_params = {name: done[name][1] for name in presets}
+    return runs, first_params, done[presets[0]][2]
+
+
+def _shares(presets: tuple[str, ...], workers: int) -> list[list[str]]:
+    """The presets shared out over the processes, whole, greedily by expected cost (w4a4_no_ste stops early)."""
+    n = min(workers, len(presets))
+    cost = {name: 0.5 if name == "w4a4_no_ste" else 1.0 for name in presets}
+    shares: list[list[str]] = [[] for _ in range(n)]
+    loads = [0.0] * n
+    for name in presets:
+        i = loads.index(min(loads))
+        shares[i].append(name)
+        loads[i] += cost[name]
+    return shares
+
+
+def _train_presets(
+    names: Sequence[str],
+    base: TrainConfig,
+    seed_list: list[int],
+    run_splits: list[Splits],
+    out: Path,
+    emit: Callable[[Mapping[str, Any]], None],
+) -> dict[str, tuple[list[dict[str, Any]], Any, Normalizer]]:
+    """Train every seed of each preset in ``names``: ``{name: (rows, first seed's params, its normaliser)}``."""
+    done = {}
+    for name in names:
+        rows: list[dict[str, Any]] = []
+        first: tuple[Any, Normalizer] | None = None
+        for seed, run_split in zip(seed_list, run_splits, strict=True):
+            config = dataclasses.replace(base, preset=name, seed=seed, data_seed=run_split.seed)
+
+            def epoch_event(record, name=name, seed=seed):
+                emit({"event": "epoch", "preset": name, "seed": seed, "record": record})
+
+            result = train(config, splits=run_split, out_dir=out / "runs" / name / f"seed-{seed}", on_epoch=epoch_event)
+            if first is None:
+                first = (result.params, result.normalizer)
+            rows.append(
+                {
+                    "seed": seed,
+                    "data_seed": run_split.seed,
+                    "test_accuracy": result.test_accuracy,
+                    "test_loss": result.test_loss,
+                    "best_epoch": result.best_epoch,
+                    "best_val_accuracy": result.best_val_accuracy,
+                    "epochs_run": len(result.history),
+                    "stopped_early": result.stopped_early,
+                    "seconds": result.seconds,
+                    "run_dir": f"runs/{name}/seed-{seed}",
+                    "history": list(result.history),
+                }
+            )
+            emit({"event": "run", "preset": name, "seed": seed, "test_accuracy": result.test_accuracy})
+        assert first is not None  # at least one seed
+        done[name] = (rows, first[0], first[1])
+    return done
+
+
+_EVENTS: Any = None  # a spawned worker's queue of on_event records, set by _set_events
+
+
+def _set_events(events: Any) -> None:
+    global _EVENTS
+    _EVENTS = events
+
+
+def _train_presets_child(
+    names: Sequence[str], base: TrainConfig, seed_list: list[int], run_splits: list[Splits], out: Path
+) -> dict[str, tuple[list[dict[str, Any]], Any, Normalizer]]:
+    """:func:`_train_presets` in a spawned worker: events go to the queue, parameters come back as NumPy."""
+    done = _train_presets(names, base, seed_list, run_splits, out, _EVENTS.put)
+    return {name: (rows, jax.device_get(params), normalizer) for name, (rows, params, normalizer) in done.items()}
+
+
+def _warm_step(name: str, base: TrainConfig, splits: Splits) -> None:
+    """Compile (by one call) the step of ``name`` that the timing will call."""
+    config = dataclasses.replace(base, preset=name)
+    model_config, qat_config = config.model_config(splits.train), config.qat_config()
+    optimizer = make_optimizer(config, len(splits.train) // base.batch_size)
+    params = init_params(jax.random.key(0), model_config, qat_config)
+    x = jnp.zeros((base.batch_size, model_config.in_features), jnp.float32)
+    batch = Batch(x, jnp.zeros((base.batch_size,), jnp.int32))
+    key = jax.random.key(0) if needs_key(model_config, train=True) else None
+    step = compiled_train_step(model_config, qat_config, optimizer)
+    jax.block_until_ready(step(params, optimizer.init(params), batch, key, jnp.asarray(False)))
+
+
 def _run_splits(
     base: TrainConfig, seeds: list[int], mode: str, data: Dataset | None, splits: Splits | None
 ) -> list[Splits]:
@@ -436,6 +565,7 @@ def _time_presets(presets, base, splits, normalizer, first_params, repeats, warm
     # the base seed's key without drawing on any run's stream (key(seed) is split,
     # never folded, by train).
     root = jax.random.fold_in(jax.random.key(base.seed), _TIMING_STREAM)
+    no_log = jnp.asarray(False)
     stream = keys.split(root, len(presets), where="compare: timing, one key per preset")
     setups = {}
     for name, k in zip(presets, stream, strict=True):
@@ -443,7 +573,8 @@ def _time_presets(presets, base, splits, normalizer, first_params, repeats, warm
         model_config = config.model_config(splits.train)
         qat_config = config.qat_config()
         optimizer = make_optimizer(config, steps_per_epoch)
-        step = compiled_update(model_config, qat_config, optimizer)
+        # The step as train takes it on every batch but an epoch's last (no fractions).
+        step = functools.partial(compiled_train_step(model_config, qat_config, optimizer), log=no_log)
         params = first_params.get(name)
         if params is None:  # pragma: no cover - every preset ran at least one seed
             params = init_params(jax.random.key(0), model_config, qat_config)

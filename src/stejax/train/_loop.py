@@ -7,7 +7,7 @@ import json
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -16,7 +16,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from stejax import keys
 from stejax.data import Normalizer, Splits, batches, load_digits, split
-from stejax.model import init_params
+from stejax.model import ModelConfig, QATConfig, init_params
 from stejax.train._config import TrainConfig, make_optimizer
 from stejax.train._parallel import (
     DATA_AXIS,
@@ -30,8 +30,9 @@ from stejax.train._parallel import (
 from stejax.train._result import KeyCheck, TrainResult
 from stejax.train._step import (
     Batch,
+    StepMetrics,
     compiled_evaluate,
-    compiled_update,
+    compiled_train_step,
     needs_key,
     raise_if_nonfinite,
     update,
@@ -68,8 +69,10 @@ def train(
     The data: ``splits`` (default: :func:`load_splits`), standardised by a
     :class:`stejax.data.Normalizer` fitted on the training split. Each epoch walks
     the training split in a fresh random order in batches of ``batch_size``
-    (the remainder dropped), one jitted :func:`update` per batch (compiled once per
-    configuration and reused by every seed), then scores the validation split.
+    (the remainder dropped), one jitted :func:`logged_update` per batch (compiled
+    once per configuration and reused by every seed; the zero-gradient fractions
+    are computed on the epoch's last batch only, the logging step), then scores
+    the validation split.
     The test split is scored once, after training, with the best parameters; it
     never steers training or selection.
 
@@ -90,9 +93,11 @@ def train(
     The best parameters are those of the epoch with the highest validation
     accuracy; ties (one example is ``1 / len(val)``, so they are common) go to the
     lower validation loss. Early stopping: after ``patience`` epochs in a row
-    without a better epoch in this sense the run ends. After every step the loss, gradient and parameters are
-    checked; a NaN or infinity raises :class:`NonFiniteError` naming the step and
-    the first non-finite leaf (nothing is ever replaced by a number).
+    without a better epoch in this sense the run ends. Every step's loss, gradient and input parameters are
+    checked (the step's finite flag is read once the next step has been dispatched,
+    so the host does not wait for the device mid-epoch); a NaN or infinity raises
+    :class:`NonFiniteError` naming the step and the first non-finite leaf before
+    anything else is recorded (nothing is ever replaced by a number).
 
     Data parallel: with a ``mesh`` (:func:`data_mesh`), every batch is split over
     its ``"data"`` axis (:func:`shard_batch`), the parameters and the optimiser
@@ -111,7 +116,9 @@ def train(
       config: the recipe.
       splits: the data (default: the digits split by ``config``).
       out_dir: if given, the run directory: ``metrics.jsonl`` gets one line per
-        epoch as training goes, and :func:`save_run` writes the rest at the end.
+        epoch as training goes (the mean training loss over the epoch's steps, the
+        validation loss and accuracy, the seconds, and the zero-gradient fractions
+        of the epoch's last batch), and :func:`save_run` writes the rest at the end.
       debug_keys: the number of leading steps to check with the key ledger
         (default 0: off).
       on_epoch: called with each epoch's record (for a progress display).
@@ -156,10 +163,14 @@ def train(
     model_config = config.model_config(splits.train)
     qat_config = config.qat_config()
     optimizer = make_optimizer(config, steps_per_epoch)
-    if mesh is None:
-        step_fn = compiled_update(model_config, qat_config, optimizer)
-    else:
-        step_fn = compiled_parallel_update(model_config, qat_config, optimizer, mesh, param_sharding)
+    # Only an epoch's last batch (the logging step) computes the zero-gradient fractions:
+    # one program with the fractions under a lax.cond on one device; with a mesh, two.
+    train_step = compiled_train_step(model_config, qat_config, optimizer)
+    if mesh is not None:
+        step_fns = {
+            s: compiled_parallel_update(model_config, qat_config, optimizer, mesh, param_sharding, statistics=s)
+            for s in (False, True)
+        }
         replicated = NamedSharding(mesh, PartitionSpec())
         x_val, y_val = place((x_val, y_val), replicated)
     evaluate_fn = compiled_evaluate(model_config, qat_config)
@@ -200,12 +211,17 @@ def train(
             epoch_start = time.perf_counter()
             k_run, k_shuffle = keys.split(k_run, where=f"train: run -> run, epoch {epoch} shuffle")
             order = jax.random.permutation(keys.consume(k_shuffle, where=f"train: epoch {epoch} shuffle"), n_train)
-            step_metrics = []
+            losses = []
+            # The guard of a step is read after the next step is dispatched, so that the
+            # host never waits for the device mid-epoch; a non-finite step still stops
+            # the run, naming that step, before anything else happens on the host.
+            pending: _Guard | None = None
             for b, (xb, yb) in enumerate(
                 batches(x_train, y_train, batch_size=config.batch_size, order=np.asarray(order), drop_last=True),
                 start=1,
             ):
                 global_step += 1
+                logging = b == steps_per_epoch
                 k_step = None
                 if with_key:
                     k_run, k_step = keys.split(k_run, where=f"train: run -> run, step {global_step}")
@@ -215,10 +231,7 @@ def train(
                     batch: Batch | tuple[np.ndarray, np.ndarray] = (xb, yb)
                     sharded_batch = shard_batch(batch, mesh)
                     step_key = None if k_step is None else place(k_step, replicated)
-                    params, opt_state, metrics = step_fn(params, opt_state, sharded_batch, step_key)
-                    if not bool(metrics.finite):
-                        # The guard recomputes the failing step on one device, from host copies.
-                        step_params = jax.tree.map(jnp.asarray, gather(step_params))
+                    params, opt_state, metrics = step_fns[logging](params, opt_state, sharded_batch, step_key)
                 elif ledger is not None:
                     batch = Batch(jnp.asarray(xb), jnp.asarray(yb))
                     params, opt_state, metrics = update(
@@ -229,26 +242,23 @@ def train(
                         model_config=model_config,
                         qat_config=qat_config,
                         optimizer=optimizer,
+                        statistics=logging,
                     )
                 else:
                     batch = Batch(jnp.asarray(xb), jnp.asarray(yb))
-                    params, opt_state, metrics = step_fn(params, opt_state, batch, k_step)
-                raise_if_nonfinite(
-                    metrics,
-                    step=global_step,
-                    params=step_params,
-                    batch=batch,
-                    key=k_step,
-                    model_config=model_config,
-                    qat_config=qat_config,
-                    where=f"epoch {epoch}, batch {b}",
-                )
-                step_metrics.append((metrics.loss, metrics.zero_grad))
+                    params, opt_state, metrics = train_step(params, opt_state, batch, k_step, logging)
+                if pending is not None:
+                    pending.check(model_config, qat_config, mesh is not None)
+                pending = _Guard(metrics, global_step, step_params, batch, k_step, f"epoch {epoch}, batch {b}")
+                losses.append(metrics.loss)
                 if ledger is not None and (global_step >= debug_keys or b == steps_per_epoch):
                     debug.close()
                     key_check = KeyCheck(global_step, len(ledger), ledger.unused())
                     ledger = None
-            losses, zero_grads = jax.device_get(list(zip(*step_metrics, strict=True)))
+            if pending is not None:
+                pending.check(model_config, qat_config, mesh is not None)
+            # The zero-gradient fractions of the epoch's last batch (the logging step).
+            losses, zero_grad = jax.device_get((losses, metrics.zero_grad))
             val_loss, val_correct = evaluate_fn(params, x_val, y_val)
             val_accuracy = int(val_correct) / len(splits.val)
             record: dict[str, Any] = {
@@ -258,7 +268,7 @@ def train(
                 "val_accuracy": val_accuracy,
                 "seconds": time.perf_counter() - epoch_start,
                 "steps": global_step,
-                "zero_grad_fraction": _mean_stats(zero_grads),
+                "zero_grad_fraction": _flat_stats(zero_grad),
             }
             history.append(record)
             if metrics_path is not None:
@@ -337,11 +347,34 @@ def _check_mesh(mesh: Any, param_sharding: Any, batch_size: int, debug_keys: int
     return n
 
 
-def _mean_stats(per_step: tuple[dict[str, dict[str, Any]], ...]) -> dict[str, float]:
-    """Average apply's per-step fractions over the epoch: ``{"layer_i/part": mean}``."""
-    sums: dict[str, list[float]] = {}
-    for stats in per_step:
-        for layer, parts in stats.items():
-            for part, value in parts.items():
-                sums.setdefault(f"{layer}/{part}", []).append(float(value))
-    return {name: float(np.mean(values)) for name, values in sums.items()}
+class _Guard(NamedTuple):
+    """A step's finite flag and the inputs :func:`raise_if_nonfinite` needs to name the culprit."""
+
+    metrics: StepMetrics
+    step: int
+    params: Any
+    batch: Batch | tuple[np.ndarray, np.ndarray]
+    key: jax.Array | None
+    where: str
+
+    def check(self, model_config: ModelConfig, qat_config: QATConfig, sharded: bool) -> None:
+        """Raise :class:`NonFiniteError` if the step was not finite (reads one flag from the device)."""
+        if bool(self.metrics.finite):
+            return
+        # The guard recomputes the failing step on one device, from host copies.
+        params = jax.tree.map(jnp.asarray, gather(self.params)) if sharded else self.params
+        raise_if_nonfinite(
+            self.metrics,
+            step=self.step,
+            params=params,
+            batch=self.batch,
+            key=self.key,
+            model_config=model_config,
+            qat_config=qat_config,
+            where=self.where,
+        )
+
+
+def _flat_stats(stats: Mapping[str, Mapping[str, Any]]) -> dict[str, float]:
+    """apply's fractions of one step as ``{"layer_i/part": fraction}``."""
+    return {f"{layer}/{part}": float(value) for layer, parts in stats.items() for part, value in parts.items()}

@@ -225,6 +225,7 @@ def compiled_parallel_update(
     optimizer: optax.GradientTransformation,
     mesh: Mesh,
     param_sharding: str = "replicated",
+    statistics: bool = True,
 ):
     """:func:`update` jitted for a mesh: ``(params, opt_state, batch, key) -> (params, opt_state, metrics)``.
 
@@ -234,6 +235,7 @@ def compiled_parallel_update(
     replicated). The outputs keep the parameters' and the optimiser state's
     shardings, so the next step compiles nothing new, and the metrics are
     replicated. Cached per model, QAT configuration, optimiser, mesh and layout.
+    ``statistics=False`` leaves out the zero-gradient fractions (see :func:`update`).
 
     Raises:
       ValueError: an unknown ``param_sharding`` or a mesh without a ``"data"`` axis.
@@ -248,5 +250,7 @@ def compiled_parallel_update(
         param_shardings(abstract_state, mesh, param_sharding),
         replicated,
     )
-    step = functools.partial(update, model_config=model_config, qat_config=qat_config, optimizer=optimizer)
+    step = functools.partial(
+        update, model_config=model_config, qat_config=qat_config, optimizer=optimizer, statistics=statistics
+    )
     return jax.jit(step, out_shardings=out_shardings)

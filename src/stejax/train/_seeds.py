@@ -21,7 +21,15 @@ from stejax.model import ConvConfig, ModelConfig, QATConfig, init_params
 from stejax.train._config import TrainConfig, make_optimizer
 from stejax.train._loop import CALIBRATION_ROWS, load_splits
 from stejax.train._result import TrainResult
-from stejax.train._step import Batch, NonFiniteError, _evaluate, compiled_update, needs_key, raise_if_nonfinite, update
+from stejax.train._step import (
+    Batch,
+    NonFiniteError,
+    _evaluate,
+    compiled_update,
+    logged_update,
+    needs_key,
+    raise_if_nonfinite,
+)
 
 __all__ = ["train_seeds"]
 
@@ -66,8 +74,9 @@ def train_seeds(
       :func:`stejax.train.update` up to the failing step, whose inputs the
       guard inspects.
 
-    Per-step losses and zero-gradient fractions come out of the scan and are
-    averaged per epoch as in ``train``. The epoch's wall time (``seconds`` in
+    Per-step losses come out of every step and are averaged per epoch as in
+    ``train``; the zero-gradient fractions, as in ``train``, are those of the
+    epoch's last batch (the only step that computes them). The epoch's wall time (``seconds`` in
     each record) is the whole program's, shared by the runs.
 
     Args:
@@ -187,7 +196,9 @@ def train_seeds(
         for b in range(steps_per_epoch):
             for g in active:
                 x, y = data[g][0], data[g][1]
-                *new_state, metrics = step_fn(*state[g], x, y, orders[g], jnp.int32(b))
+                # As in train: the zero-gradient fractions on the epoch's last batch only.
+                log = jnp.bool_(b == steps_per_epoch - 1)
+                *new_state, metrics = step_fn(*state[g], x, y, orders[g], jnp.int32(b), log)
                 state[g] = tuple(new_state)
                 per_step[g].append(metrics)
         val = {g: evaluate_fn(state[g][0], data[g][2], data[g][3]) for g in active}
@@ -207,11 +218,7 @@ def train_seeds(
                         with_key,
                     )  # fmt: skip
                 val_accuracy = int(val_correct[i]) / sizes[1]
-                zero_grad: dict[str, list[float]] = {}
-                for m in steps:
-                    for layer, parts in m.zero_grad.items():
-                        for part, v in parts.items():
-                            zero_grad.setdefault(f"{layer}/{part}", []).append(float(v[i]))
+                last = steps[-1].zero_grad
                 record = {
                     "epoch": epoch,
                     "train_loss": float(np.mean([m.loss[i] for m in steps])),
@@ -219,7 +226,9 @@ def train_seeds(
                     "val_accuracy": val_accuracy,
                     "seconds": seconds,
                     "steps": epoch * steps_per_epoch,
-                    "zero_grad_fraction": {k: float(np.mean(v)) for k, v in zero_grad.items()},
+                    "zero_grad_fraction": {
+                        f"{layer}/{part}": float(v[i]) for layer, parts in last.items() for part, v in parts.items()
+                    },
                 }
                 history[s].append(record)
                 path = metrics_paths[s]
@@ -334,23 +343,25 @@ def _compiled_step(
 ):
     """One step of every run of a group, jitted and vmapped over the runs.
 
-    ``(params, opt_state, k_run, x, y, order, b) -> (params, opt_state, k_run, metrics)``:
+    ``(params, opt_state, k_run, x, y, order, b, log) -> (params, opt_state, k_run, metrics)``:
     batch ``b`` is rows ``order[b * batch_size : (b + 1) * batch_size]``, gathered
-    on the device; the step key is split from the run key inside, as train does.
+    on the device; the step key is split from the run key inside, as train does;
+    ``log`` (shared by the runs) asks for the zero-gradient fractions
+    (:func:`stejax.train.logged_update`).
     """
 
-    def one_run(params, opt_state, k_run, x, y, order, b):
+    def one_run(params, opt_state, k_run, x, y, order, b, log):
         rows = jax.lax.dynamic_slice_in_dim(order, b * batch_size, batch_size)
         k_step = None
         if with_key:
             k_run, k_step = keys.split(k_run, where="train_seeds: run -> run, step")
         batch = Batch(x[rows], y[rows])
-        params, opt_state, metrics = update(
-            params, opt_state, batch, k_step, model_config=model_config, qat_config=qat_config, optimizer=optimizer
+        params, opt_state, metrics = logged_update(
+            params, opt_state, batch, k_step, log, model_config=model_config, qat_config=qat_config, optimizer=optimizer
         )
         return params, opt_state, k_run, metrics
 
-    return jax.jit(jax.vmap(one_run, in_axes=(0, 0, 0, 0, 0, 0, None)))
+    return jax.jit(jax.vmap(one_run, in_axes=(0, 0, 0, 0, 0, 0, None, None)))
 
 
 @functools.lru_cache(maxsize=32)

@@ -9,7 +9,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from jax.flatten_util import ravel_pytree
 from jax.typing import ArrayLike
 
 from stejax import keys
@@ -20,9 +19,11 @@ __all__ = [
     "NonFiniteError",
     "StepMetrics",
     "compiled_evaluate",
+    "compiled_train_step",
     "compiled_update",
     "evaluate",
     "forward",
+    "logged_update",
     "loss",
     "needs_key",
     "raise_if_nonfinite",
@@ -236,11 +237,10 @@ def update(
         None for a model without dropout (see :func:`needs_key`).
       model_config, qat_config: the model.
       optimizer: an optax ``GradientTransformation``.
-      statistics: compute the zero-gradient fractions and the finite flag over
-        the parameters and the gradient (default True). False leaves
-        ``zero_grad`` empty and makes ``finite`` the loss's finiteness only: the
-        bare step, for measuring what the statistics cost (``stejax bench
-        --suite train``).
+      statistics: compute the zero-gradient fractions (default True). False
+        leaves ``zero_grad`` empty: the step :func:`stejax.train.train` takes on
+        every batch but the last of an epoch (``stejax bench --suite train``
+        times both). The finite flag is computed either way.
 
     Returns:
       ``(new_params, new_opt_state, metrics)``, the metrics a :class:`StepMetrics`.
@@ -263,18 +263,103 @@ def update(
     )
     updates, opt_state = optimizer.update(grads, opt_state, params)
     new_params = optax.apply_updates(params, updates)
-    if not statistics:
-        # Unused outputs are dead code under jit: the fractions are never computed.
-        return new_params, opt_state, StepMetrics(loss=value, zero_grad={}, finite=jnp.isfinite(value))
-    # One flag over all leaves (one reduction over the raveled arrays, not one per
-    # leaf: small kernels dominate a CPU step). Which leaf failed is worked out
-    # again, only on failure, by `raise_if_nonfinite`.
-    finite = (
-        jnp.isfinite(value)
-        & jnp.all(jnp.isfinite(ravel_pytree(params)[0]))
-        & jnp.all(jnp.isfinite(ravel_pytree(grads)[0]))
+    finite = all_finite(value, params, grads)
+    return new_params, opt_state, StepMetrics(loss=value, zero_grad=stats if statistics else {}, finite=finite)
+
+
+def all_finite(*trees: Any) -> jax.Array:
+    """One bool scalar: every element of every leaf of ``trees`` is finite (neither NaN nor infinite).
+
+    One fused reduction per leaf, combined with ``&``: no copy of the leaves (a
+    ``ravel_pytree`` first would concatenate them, which measured costlier than the
+    reductions themselves on a CPU step). Without ``statistics`` the zero-gradient
+    fractions are dead code under ``jit`` and never computed; this flag stays.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> from stejax.train._step import all_finite
+      >>> bool(all_finite(jnp.ones(3), {"w": jnp.zeros((2, 2))})), bool(all_finite(jnp.array([1.0, jnp.inf])))
+      (True, False)
+    """
+    flags = [jnp.all(jnp.isfinite(leaf)) for leaf in jax.tree.leaves(trees)]
+    return functools.reduce(jnp.logical_and, flags, jnp.bool_(True))
+
+
+def logged_update(
+    params: Any,
+    opt_state: optax.OptState,
+    batch: Batch | tuple[ArrayLike, ArrayLike],
+    key: jax.Array | None,
+    log: ArrayLike,
+    *,
+    model_config: ModelConfig,
+    qat_config: QATConfig,
+    optimizer: optax.GradientTransformation,
+) -> tuple[Any, optax.OptState, StepMetrics]:
+    r"""One :func:`update` whose zero-gradient fractions are computed only when ``log`` is True.
+
+    The update itself, the loss and the finite flag are those of ``update(...,
+    statistics=False)``: the same arithmetic on every step. When the bool scalar
+    ``log`` is True, the fractions are computed by a second pass of the
+    training-mode forward (the same ``params``, ``batch`` and ``key``, so the same
+    dropout masks and quantiser inputs as the step's own forward pass) inside a
+    ``jax.lax.cond``; when it is False that branch does not run and the fractions
+    are zeros. One program serves every step of an epoch, and only the logging
+    steps pay for the statistics (:func:`stejax.train.train` logs the last batch
+    of each epoch).
+
+    The second pass reuses the step's key on purpose (same key, same masks); it
+    reads a ``jax.random.clone`` of it, so JAX's key-reuse checker accepts it.
+
+    Args:
+      params, opt_state, batch, key, model_config, qat_config, optimizer: as for :func:`update`.
+      log: a bool scalar (an array under ``jit``): compute the fractions.
+
+    Returns:
+      ``(new_params, new_opt_state, metrics)``; ``metrics.zero_grad`` has
+      :func:`update`'s structure, zeros when ``log`` is False.
+
+    Example:
+      >>> import jax, numpy as np, optax
+      >>> from stejax.model import MLPConfig, init_params, preset
+      >>> from stejax.train import logged_update, update
+      >>> mc, qc, opt = MLPConfig(hidden=(8,)), preset("w4a4"), optax.sgd(0.1)
+      >>> params = init_params(jax.random.key(0), mc, qc)
+      >>> batch = (np.ones((4, 64), np.float32), np.arange(4, dtype=np.int32))
+      >>> kw = dict(model_config=mc, qat_config=qc, optimizer=opt)
+      >>> _, _, m = logged_update(params, opt.init(params), batch, None, True, **kw)
+      >>> _, _, want = update(params, opt.init(params), batch, None, **kw)
+      >>> m.zero_grad == want.zero_grad, float(m.loss) == float(want.loss)
+      (True, True)
+    """
+    new_params, opt_state, metrics = update(
+        params,
+        opt_state,
+        batch,
+        key,
+        model_config=model_config,
+        qat_config=qat_config,
+        optimizer=optimizer,
+        statistics=False,
     )
-    return new_params, opt_state, StepMetrics(loss=value, zero_grad=stats, finite=finite)
+    x = batch[0]
+    stats_key = None if key is None else jax.random.clone(key)
+
+    def fractions() -> dict[str, dict[str, jax.Array]]:
+        out = forward(
+            params, x, model_config=model_config, qat_config=qat_config, key=stats_key, train=True, return_stats=True
+        )
+        if not isinstance(out, tuple):  # pragma: no cover - return_stats=True returns a pair
+            raise TypeError(f"logged_update: forward(..., return_stats=True) returned {type(out).__name__}.")
+        return out[1]
+
+    shapes = jax.eval_shape(fractions)
+    zero_grad = jax.lax.cond(
+        jnp.asarray(log, jnp.bool_),
+        fractions,
+        lambda: jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), shapes),
+    )
+    return new_params, opt_state, metrics._replace(zero_grad=zero_grad)
 
 
 def raise_if_nonfinite(
@@ -381,11 +466,24 @@ def compiled_update(
 
     The returned function takes ``(params, opt_state, batch, key)``; every seed of
     a configuration reuses it, and it compiles once per batch shape.
-    ``statistics=False`` is the bare step (see :func:`update`).
+    ``statistics=False`` is the step without the zero-gradient fractions (see :func:`update`).
     """
     step = functools.partial(
         update, model_config=model_config, qat_config=qat_config, optimizer=optimizer, statistics=statistics
     )
+    return jax.jit(step)
+
+
+@functools.lru_cache(maxsize=64)
+def compiled_train_step(model_config: ModelConfig, qat_config: QATConfig, optimizer: optax.GradientTransformation):
+    """:func:`logged_update` jitted for one model, QAT configuration and optimiser (cached).
+
+    ``(params, opt_state, batch, key, log) -> (params, opt_state, metrics)``, the
+    step :func:`stejax.train.train` takes on every batch (``log`` True on an
+    epoch's last); compiled once per configuration and batch shape, reused by
+    every seed.
+    """
+    step = functools.partial(logged_update, model_config=model_config, qat_config=qat_config, optimizer=optimizer)
     return jax.jit(step)
 
 
