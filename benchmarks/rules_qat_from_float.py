@@ -27,75 +27,30 @@ import statistics
 
 import jax
 import jax.numpy as jnp
-import numpy as np
-import optax
 from flax import nnx
 
 from stejax.data import Normalizer, load_digits, split
-from stejax.flax import Quant, Rule, calibrate, quantize_model
+from stejax.flax import calibrate, quantize_model
+from stejax.flax.example import W4A4_RULES, accuracy_of, adam_steps, qat_from_float
 from stejax.flax.models import DigitsCNN
 from stejax.train import paired_delta
 
-W4A4 = [
-    Rule(r"conv1", weights=Quant("lsq", bits=8), inputs=Quant("lsq", bits=8)),
-    Rule(weights=Quant("lsq", bits=4, axis=-1), inputs=Quant("lsq", bits=4, signed=False)),
-]
-
-
-def _loss(model, x, y):
-    return jnp.mean(optax.softmax_cross_entropy_with_integer_labels(model(x), y))
-
-
-@nnx.jit
-def _step(model, optimizer, x, y):
-    loss, grads = nnx.value_and_grad(_loss)(model, x, y)
-    optimizer.update(model, grads)
-    return loss
-
-
-@nnx.jit
-def _correct(model, x, y):
-    return jnp.sum(jnp.argmax(model(x), axis=-1) == y)
-
-
-def fit(model, data, steps: int, lr: float, seed: int) -> None:
-    x, y = data
-    optimizer = nnx.Optimizer(model, optax.adam(optax.cosine_decay_schedule(lr, steps)), wrt=nnx.Param)
-    rng = np.random.default_rng(seed)
-    for _ in range(steps):
-        rows = rng.choice(len(x), 64, replace=False)
-        _step(model, optimizer, x[rows], y[rows])
-
-
-def accuracy(model, data) -> float:
-    x, y = data
-    return int(_correct(model, x, y)) / len(y)
-
 
 def run(seed: int, float_steps: int, qat_steps: int) -> dict[str, float]:
+    """Both arms on the seed's split: the recipe (:func:`stejax.flax.example.qat_from_float`) and w4a4 from scratch."""
     splits = split(load_digits(), seed=seed)
+    _, result = qat_from_float(seed, float_steps=float_steps, qat_steps=qat_steps, splits=splits)
     norm = Normalizer.fit(splits.train.x)
     train = (jnp.asarray(norm.apply(splits.train.x)), jnp.asarray(splits.train.y))
     test = (jnp.asarray(norm.apply(splits.test.x)), jnp.asarray(splits.test.y))
-    calib = [train[0][i : i + 256] for i in range(0, 1024, 256)]
-
-    model = DigitsCNN(rngs=nnx.Rngs(seed))
-    fit(model, train, float_steps, 3e-3, seed)
-    float_acc = accuracy(model, test)
-    qat = quantize_model(model, W4A4, train[0][:64])
-    calibrate(qat, calib)
-    ptq_acc = accuracy(qat, test)
-    fit(qat, train, qat_steps, 1e-3, seed + 1000)
-    from_float = accuracy(qat, test)
-
-    scratch = quantize_model(DigitsCNN(rngs=nnx.Rngs(seed)), W4A4, train[0][:64])
-    calibrate(scratch, calib)
-    fit(scratch, train, float_steps + qat_steps, 3e-3, seed)
+    scratch = quantize_model(DigitsCNN(rngs=nnx.Rngs(seed)), list(W4A4_RULES), train[0][:64])
+    calibrate(scratch, [train[0][i : i + 256] for i in range(0, 1024, 256)])
+    adam_steps(scratch, train, float_steps + qat_steps, 3e-3, seed)
     return {
-        "float": float_acc,
-        "ptq_w4a4": ptq_acc,
-        "qat_from_float": from_float,
-        "w4a4_scratch": accuracy(scratch, test),
+        "float": result["float"],
+        "ptq_w4a4": result["ptq"],
+        "qat_from_float": result["qat_from_float"],
+        "w4a4_scratch": accuracy_of(scratch, test),
     }
 
 

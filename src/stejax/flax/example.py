@@ -1,12 +1,21 @@
-"""An example: a small quantisation-aware CNN on the 8x8 digits, in Flax NNX, trained with ``nnx.Optimizer``.
+"""The NNX digits example: QAT from a float checkpoint by rules, the everyday recipe; and the QAT layers.
 
-:class:`DigitsCNN` is the functional reference CNN (:class:`stejax.model.ConvConfig`
-with a :class:`stejax.model.QATConfig`) written as NNX layers, so that
-:meth:`DigitsCNN.functional_params` hands its trained parameters to
-:func:`stejax.model.apply` and everything downstream of the functional model.
-Run it from the command line::
+**The recipe** (the default): train the plain NNX
+:class:`stejax.flax.models.DigitsCNN` in float, quantise it with the w4a4 rules
+(:data:`W4A4_RULES`, :func:`stejax.flax.quantize_model`), calibrate its input
+steps on training rows (:func:`stejax.flax.calibrate`: the PTQ model), then
+fine-tune for a few epochs (:func:`qat_from_float`)::
 
-    python -m stejax.flax.example --preset w4a4 --epochs 30 --out runs/nnx-w4a4
+    python -m stejax.flax.example                     # float, PTQ w4a4, QAT from float: test accuracy
+    python -m stejax.flax.example --out runs/nnx-rules   # also save_quantized(...) the result
+
+**The layers**: :class:`DigitsCNN` below is the functional reference CNN
+(:class:`stejax.model.ConvConfig` with a :class:`stejax.model.QATConfig`)
+written as NNX QAT layers, so that :meth:`DigitsCNN.functional_params` hands its
+trained parameters to :func:`stejax.model.apply` and everything downstream of
+the functional model::
+
+    python -m stejax.flax.example --layers --preset w4a4 --epochs 30 --out runs/nnx-w4a4
     stejax export runs/nnx-w4a4 --out artifacts/nnx-w4a4   # the functional model's export path
 
 which trains it (the ``stejax train`` CNN, 32 and 64 channels, no dropout, cosine
@@ -34,10 +43,24 @@ from stejax.data import Normalizer, Splits, batches
 from stejax.estimators.uniform import lsq_levels
 from stejax.flax._convert import functional_params, quant_of
 from stejax.flax._layers import QuantConv, QuantLinear
+from stejax.flax._quant import Quant
+from stejax.flax._rules import Rule, calibrate, quantize_model
 from stejax.model import ConvConfig, QATConfig, preset
 from stejax.train import TrainConfig, load_splits, make_optimizer
 
-__all__ = ["DigitsCNN", "FitResult", "evaluate", "fit", "main", "save_run", "train_step"]
+__all__ = [
+    "W4A4_RULES",
+    "DigitsCNN",
+    "FitResult",
+    "accuracy_of",
+    "adam_steps",
+    "evaluate",
+    "fit",
+    "main",
+    "qat_from_float",
+    "save_run",
+    "train_step",
+]
 
 _HIGHEST = jax.lax.Precision.HIGHEST
 
@@ -261,16 +284,134 @@ def save_run(
     return save_train_run(run, out_dir, splits=splits)
 
 
+W4A4_RULES: tuple[Rule, ...] = (
+    Rule(r"conv1", weights=Quant("lsq", bits=8), inputs=Quant("lsq", bits=8)),  # signed pixels, first layer: 8 bits
+    Rule(weights=Quant("lsq", bits=4, axis=-1), inputs=Quant("lsq", bits=4, signed=False)),
+)
+"""The w4a4 rules of the recipe: LSQ 4-bit weights per output channel and unsigned 4-bit LSQ inputs (after a
+ReLU), the first convolution at 8 bits (its inputs are signed standardised pixels)."""
+
+
+def _loss_of(model: nnx.Module, x: jax.Array, y: jax.Array) -> jax.Array:
+    return jnp.mean(optax.softmax_cross_entropy_with_integer_labels(model(x), y))
+
+
+@nnx.jit
+def _adam_step(model: nnx.Module, optimizer: nnx.Optimizer, x: jax.Array, y: jax.Array) -> jax.Array:
+    loss, grads = nnx.value_and_grad(_loss_of)(model, x, y)
+    with jax.numpy_dtype_promotion("standard"):  # optax's schedule mixes Python floats with an int32 count
+        optimizer.update(model, grads)
+    return loss
+
+
+@nnx.jit
+def _correct(model: nnx.Module, x: jax.Array, y: jax.Array) -> jax.Array:
+    return jnp.sum(jnp.argmax(model(x), axis=-1) == y)
+
+
+def adam_steps(model: nnx.Module, data: tuple[jax.Array, jax.Array], steps: int, lr: float, seed: int) -> float:
+    """Train ``model`` in place: ``steps`` Adam steps, batch 64 drawn without replacement, cosine schedule from ``lr``.
+
+    The batch order depends on ``seed`` only (NumPy), so two models trained with
+    the same seed see the same batches. Returns the last loss.
+
+    Raises:
+      FloatingPointError: the last loss is not finite.
+    """
+    x, y = data
+    optimizer = nnx.Optimizer(model, optax.adam(optax.cosine_decay_schedule(lr, steps)), wrt=nnx.Param)
+    rng = np.random.default_rng(seed)
+    last = jnp.asarray(jnp.nan)
+    for _ in range(steps):
+        rows = rng.choice(len(x), 64, replace=False)
+        last = _adam_step(model, optimizer, x[rows], y[rows])
+    loss = float(last)
+    if not math.isfinite(loss):
+        raise FloatingPointError(f"adam_steps: the last loss is {loss} after {steps} steps (seed {seed}).")
+    return loss
+
+
+def accuracy_of(model: nnx.Module, data: tuple[jax.Array, jax.Array]) -> float:
+    """The fraction of ``data`` that ``model`` classifies right."""
+    x, y = data
+    return int(_correct(model, x, y)) / len(y)
+
+
+def qat_from_float(
+    seed: int = 0,
+    *,
+    float_steps: int = 600,
+    qat_steps: int = 300,
+    rules: tuple[Rule, ...] = W4A4_RULES,
+    splits: Splits | None = None,
+) -> tuple[nnx.Module, dict[str, float]]:
+    """The recipe: train float, ``quantize_model``, ``calibrate``, fine-tune; returns the QAT model and accuracies.
+
+    On the seed's own stratified split of the 8x8 digits (``split(seed=seed)``
+    unless ``splits`` is given), standardised by the training split:
+
+    1. train :class:`stejax.flax.models.DigitsCNN` (``nnx.Rngs(seed)``) in float,
+       ``float_steps`` Adam steps from 3e-3 (:func:`adam_steps`);
+    2. ``quantize_model(float_model, rules, x_train[:64])`` (the float model is
+       left as it is);
+    3. ``calibrate`` on 1024 training rows: the PTQ model;
+    4. fine-tune ``qat_steps`` Adam steps from 1e-3.
+
+    Returns:
+      The fine-tuned quantised model, and ``{"float", "ptq", "qat_from_float"}``
+      test accuracies.
+    """
+    from stejax.data import load_digits, split
+    from stejax.flax.models import DigitsCNN as PlainCNN
+
+    splits = split(load_digits(), seed=seed) if splits is None else splits
+    norm = Normalizer.fit(splits.train.x)
+    train = (jnp.asarray(norm.apply(splits.train.x)), jnp.asarray(splits.train.y))
+    test = (jnp.asarray(norm.apply(splits.test.x)), jnp.asarray(splits.test.y))
+    model = PlainCNN(rngs=nnx.Rngs(seed))
+    adam_steps(model, train, float_steps, 3e-3, seed)
+    out = {"float": accuracy_of(model, test)}
+    qat = quantize_model(model, list(rules), train[0][:64])
+    calibrate(qat, [train[0][i : i + 256] for i in range(0, 1024, 256)])
+    out["ptq"] = accuracy_of(qat, test)
+    adam_steps(qat, train, qat_steps, 1e-3, seed + 1000)
+    out["qat_from_float"] = accuracy_of(qat, test)
+    return qat, out
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    """Train the example from the command line; print and return its results."""
+    """Run the example from the command line (the recipe, or ``--layers``); print and return its results."""
+    parser = argparse.ArgumentParser(prog="python -m stejax.flax.example", description=__doc__.splitlines()[0])
+    parser.add_argument("--layers", action="store_true", help="train the QAT-layer CNN (DigitsCNN) instead")
+    parser.add_argument("--preset", default="w4a4", help="--layers: a QAT preset (stejax.model.PRESETS)")
+    parser.add_argument("--epochs", type=int, default=30, help="--layers: epochs")
+    parser.add_argument("--float-steps", type=int, default=600, help="the recipe: float Adam steps")
+    parser.add_argument("--qat-steps", type=int, default=300, help="the recipe: QAT fine-tuning steps")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default=None, help="also save the model here (recipe: a safetensors file's folder)")
+    args = parser.parse_args(argv)
+    if args.layers:
+        return _main_layers(args)
+    started = time.perf_counter()
+    qat, result = qat_from_float(args.seed, float_steps=args.float_steps, qat_steps=args.qat_steps)
+    summary: dict[str, Any] = {
+        "recipe": "train float, quantize_model(W4A4_RULES), calibrate, fine-tune",
+        "float_steps": args.float_steps,
+        "qat_steps": args.qat_steps,
+        **{f"test_accuracy_{k}": round(v, 4) for k, v in result.items()},
+        "seconds": round(time.perf_counter() - started, 1),
+    }
+    if args.out is not None:
+        from stejax.flax._saving import save_quantized
+
+        summary["saved"] = str(save_quantized(qat, Path(args.out) / "model.safetensors"))
+    print(summary)
+    return summary
+
+
+def _main_layers(args: argparse.Namespace) -> dict[str, Any]:
     from stejax.model import apply
 
-    parser = argparse.ArgumentParser(prog="python -m stejax.flax.example", description=__doc__.splitlines()[0])
-    parser.add_argument("--preset", default="w4a4", help="a QAT preset (stejax.model.PRESETS)")
-    parser.add_argument("--epochs", type=int, default=30)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default=None, help="also write a run directory here (for `stejax export`)")
-    args = parser.parse_args(argv)
     config = TrainConfig(preset=args.preset, epochs=args.epochs, seed=args.seed, dropout=0.0, schedule="cosine")
     splits = load_splits(config)
     k_params, k_fit = keys.split(jax.random.key(args.seed), where="example: seed -> params, fit")
