@@ -107,7 +107,7 @@ def test_the_control_trains_the_codes_and_the_decoder_never_the_encoder(quantize
     m = _model(config, CompareSettings(seeds=(0,), hidden=16))
     params, _ = _init(m, jax.random.key(0))
     x = jax.random.uniform(jax.random.key(1), (32, 64))
-    grads = jax.grad(lambda p: _loss(m, p, x, None, None)[0])(params)
+    grads = jax.jit(jax.grad(lambda p: _loss(m, p, x, None, None)[0]))(params)  # one compilation, not one per op
 
     def total(tree):
         return sum(float(jnp.abs(leaf).sum()) for leaf in jax.tree.leaves(tree))

@@ -92,9 +92,11 @@ class CompareSettings:
     ``code_dim`` entries; FSQ uses ``fsq_levels`` per token with
     ``prod(fsq_levels) == codebook_size``.
 
-    The codes start at N(0, ``codebook_init_scale``²) (0.1: near the encoder's
-    initial outputs, as vector-quantize-pytorch's small uniform initialisation;
-    at 1.0 a plain rotation-trick codebook collapses). EMA decay ``decay``,
+    The codes start at N(0, ``codebook_init_scale``²) (0.1: close to
+    vector-quantize-pytorch's small uniform initialisation, standard deviation
+    0.0625 for 64 x 8 codes; the encoder's initial outputs have ``||z||^2`` of 4
+    to 6, about 0.8 per entry; at 1.0 a plain rotation-trick codebook collapses,
+    its encoder's vectors shrinking to the origin). EMA decay ``decay``,
     dead-code threshold ``dead_code_threshold`` (vectors per step, of 256 per
     batch over 64 codes), Gumbel temperature annealed geometrically from
     ``tau_start`` to ``tau_end`` in ``tau_stages`` piecewise-constant stages.
