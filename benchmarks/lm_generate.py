@@ -3,7 +3,10 @@
     .venv/bin/python benchmarks/lm_generate.py [--config w1.58a8] [--tokens 48] [--repeats 5]
 
 One process, one model (the quick tier's architecture, random weights: speed does not
-depend on training), interleaved rounds after a warm-up; prints the median tokens per
+depend on training), interleaved rounds after a warm-up. Forms: the float model; the
+exported artifact of the quantised configuration as ``stejax lm sample`` loads it
+(codes dequantised once at load, input quantisers kept); the fake-quantised training
+model (weights re-quantised at every call); the float model without the cache; prints the median tokens per
 second of each form and the median of the per-round ratios. The machine's load average
 is printed beside them: on a shared machine the ratios are what to quote.
 """
@@ -12,12 +15,15 @@ from __future__ import annotations
 
 import argparse
 import os
+import tempfile
+from pathlib import Path
 
 import jax
 import numpy as np
 from flax import nnx
 
 from stejax.lm import QUICK, Transformer, generate, quantize_lm
+from stejax.lm._export import export_lm, load_lm_artifact
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -27,9 +33,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=5)
     options = parser.parse_args(argv)
     model = Transformer(QUICK.model, rngs=nnx.Rngs(params=0))
+    quantised = quantize_lm(model, options.config)
+    with tempfile.TemporaryDirectory() as tmp:
+        artifact = load_lm_artifact(export_lm(quantised, options.config, Path(tmp) / "art")).model
     forms = {
         "float, cached": (model, True),
-        f"{options.config}, cached": (quantize_lm(model, options.config), True),
+        f"{options.config} artifact, cached": (artifact, True),
+        f"{options.config} fake-quantised, cached": (quantised, True),
         "float, uncached": (model, False),
     }
     key = jax.random.key(0)

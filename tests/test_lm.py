@@ -242,3 +242,27 @@ def test_the_non_finite_guard_names_the_parameter(tiny_model):
     with pytest.raises(NonFiniteError, match=r"non-finite parameter at step 1: .*'v'.*'kernel'") as info:
         train_lm(broken, stream, stream, settings, key=jax.random.key(0))
     assert info.value.part == "parameter"
+
+
+def test_no_ste_trains_only_the_embedding_final_norm_and_head(tiny_model):
+    """w4a8_no_ste: zero gradient into every block parameter (quantised weights and the norms before
+    quantised inputs); the embedding, the final RMSNorm and the head still get one (what the report says)."""
+    tokens = _tokens(7, (2, TINY.context + 1))
+
+    def grads(name: str) -> dict:
+        graphdef, params, rest = nnx.split(quantize_lm(tiny_model, name), nnx.Param, ...)
+
+        def loss(p):
+            logits = nnx.merge(graphdef, p, rest)(tokens[:, :-1])
+            return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), tokens[:, 1:, None].astype(jnp.int32), -1))
+
+        flat = jax.tree_util.tree_flatten_with_path(nnx.to_pure_dict(jax.grad(loss)(params)))[0]
+        return {jax.tree_util.keystr(p): float(jnp.abs(g).max()) for p, g in flat}
+
+    no_ste, ste = grads("w4a8_no_ste"), grads("w4a8")
+    blocks = [k for k in no_ste if k.startswith("['blocks']")]
+    assert blocks and all(no_ste[k] == 0.0 for k in blocks), {k: no_ste[k] for k in blocks if no_ste[k]}
+    outside = [k for k in no_ste if not k.startswith("['blocks']")]
+    assert sorted(outside) == sorted(["['embed']['embedding']", "['final_norm']['scale']", "['head']['kernel']"])
+    assert all(no_ste[k] > 0 for k in outside)
+    assert all(ste[k] > 0 for k in blocks), "with an STE every block parameter gets a gradient"

@@ -96,3 +96,34 @@ def test_train_export_sample_commands(tmp_path, corpus_dir):
     assert result.exit_code == 2 and "exceeds the model's context of 16" in result.output
     result = runner.invoke(main, ["lm", "compare", "--out", str(tmp_path / "c"), "--configs", "w3a3"])
     assert result.exit_code == 2 and "unknown configuration(s) ['w3a3']" in result.output
+
+
+def test_seeds_in_worker_processes_give_the_same_figures_and_extras_are_fine_tuned(tmp_path, corpus_dir):
+    from stejax.bench._peers_lm import stejax_w4_weight_only
+
+    settings = QUICK.replace(
+        model=TINY,
+        float_steps=2,
+        finetune_steps=2,
+        seeds=(0, 1),
+        configs=("float",),
+        scratch=(),
+        batch_size=2,
+        eval_bytes=256,
+        reference_context_bytes=2048,
+        sample_tokens=2,
+        finetune_learning_rates={"w1.58a8": 5e-3},
+    )
+    extra = {"w4 weight-only": stejax_w4_weight_only}
+    parallel = compare_lm(settings, out_dir=tmp_path / "p", corpus=corpus_dir, workers=2, extra=extra)
+    serial = compare_lm(settings.replace(seeds=(1,)), out_dir=tmp_path / "s", corpus=corpus_dir, extra=extra)
+    assert set(parallel["summary"]) == {"float", "w4 weight-only"}
+    for name in ("float", "w4 weight-only"):
+        assert [r["seed"] for r in parallel["per_seed"][name]] == [0, 1]
+        assert parallel["per_seed"][name][1]["test_bpb"] == serial["per_seed"][name][0]["test_bpb"]
+    assert parallel["per_seed"]["float"][0]["test_bpb"] != parallel["per_seed"]["float"][1]["test_bpb"]
+    assert parallel["settings"]["finetune_learning_rates"] == {"w1.58a8": 5e-3}
+    with pytest.raises(ValueError, match="clash with configuration names"):
+        compare_lm(settings, out_dir=tmp_path / "x", corpus=corpus_dir, extra={"w8a8": stejax_w4_weight_only})
+    with pytest.raises(ValueError, match="finetune_learning_rates names"):
+        settings.replace(finetune_learning_rates={"w9": 1e-3})

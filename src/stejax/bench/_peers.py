@@ -76,6 +76,11 @@ def peers_suite(*, repeats: int, warmup: int, quick: bool) -> dict[str, Any]:
 
     rules_groups, rules_notes = rules_peer_groups(repeats=repeats, warmup=warmup, quick=quick)
     notes += rules_notes
+    # Qwix's int8 QAT and int4 weight-only beside stejax's on the language model (stejax.lm).
+    from stejax.bench._peers_lm import lm_peer_groups
+
+    lm_groups, lm_notes = lm_peer_groups(repeats=repeats, warmup=warmup, quick=quick)
+    notes += lm_notes
     return {
         "status": "ok",
         "note": "",
@@ -86,7 +91,7 @@ def peers_suite(*, repeats: int, warmup: int, quick: bool) -> dict[str, Any]:
             "flax": importlib.metadata.version("flax"),
             "qwix": importlib.metadata.version("qwix"),
         },
-        "groups": [group, *snn_groups, *rules_groups],
+        "groups": [group, *snn_groups, *rules_groups, *lm_groups],
         "notes": notes,
     }
 

@@ -170,6 +170,19 @@ def train_command(
 @click.option("--configs", default=None, metavar="NAME,...", help="Only these configurations (float is always run).")
 @click.option("--scratch", default=None, metavar="NAME,...", help="Also train these from scratch (default w1.58a8).")
 @click.option("--corpus", type=click.Path(exists=True, path_type=Path), default=None, help="A directory or text file.")
+@click.option(
+    "--workers",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Run the seeds in this many processes (the same figures; about one core each).",
+)
+@click.option(
+    "--qwix",
+    is_flag=True,
+    default=False,
+    help="Also fine-tune Qwix's int8 QAT and int4 weight-only from the same float checkpoints (needs qwix).",
+)
 def compare_command(
     out: Path,
     quick: bool,
@@ -179,6 +192,8 @@ def compare_command(
     configs: str | None,
     scratch: str | None,
     corpus: Path | None,
+    workers: int,
+    qwix: bool,
 ) -> None:
     """Train float and every quantised configuration on the same budget; write OUT/report.json and report.md.
 
@@ -204,16 +219,28 @@ def compare_command(
     settings = settings.replace(**changes)
     from stejax.lm import compare_lm
 
+    extra = {}
+    if qwix:
+        import functools
+
+        from stejax.bench._peers_lm import QWIX_LM_KINDS, qwix_lm
+
+        extra = {kind: functools.partial(qwix_lm, kind=kind) for kind in QWIX_LM_KINDS}
+
     console = Console()
-    runs = len(settings.seeds) * (len(settings.configs) + 1 + len(settings.scratch))
+    runs = len(settings.seeds) * (len(settings.configs) + len(extra) + 1 + len(settings.scratch))
     with progress_bar(console) as progress:
         task = progress.add_task("references", total=runs)
 
         def on_event(event: Mapping[str, Any]) -> None:
             if event["event"] == "train":
                 progress.update(task, advance=1, description=f"{event['config']} seed {event['seed']}")
+            elif event["event"] == "seed done":
+                progress.update(task, advance=runs // len(settings.seeds), description=f"seed {event['seed']} done")
 
-        report = guarded(lambda: compare_lm(settings, out_dir=out, corpus=corpus, on_event=on_event))
+        report = guarded(
+            lambda: compare_lm(settings, out_dir=out, corpus=corpus, on_event=on_event, workers=workers, extra=extra)
+        )
     table = Table(title=f"stejax lm compare ({settings.tier})")
     for column in ("configuration", "test bpb", "Δ vs float", "step ms"):
         table.add_column(column)

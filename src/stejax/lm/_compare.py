@@ -58,7 +58,12 @@ class CompareSettings:
       scratch: configurations also trained from scratch for the whole budget.
       batch_size: windows per step.
       learning_rate: the float (and from-scratch) peak learning rate.
-      finetune_learning_rate: the fine-tuning peak learning rate.
+      finetune_learning_rate: the fine-tuning peak learning rate (float's continuation and every
+        configuration not in ``finetune_learning_rates``).
+      finetune_learning_rates: a peak fine-tuning learning rate per configuration name, overriding
+        ``finetune_learning_rate`` (ternary weights want a larger one).
+      warmup_fraction: the float (and from-scratch) warm-up, as a fraction of its steps.
+      finetune_warmup_fraction: every fine-tuning's fresh warm-up, as a fraction of its steps.
       eval_bytes: bytes of the test split scored (None: all of it).
       eval_every: steps between validation evaluations.
       corpus_max_bytes: cap on the corpus (None: all of it).
@@ -75,8 +80,11 @@ class CompareSettings:
     configs: tuple[str, ...] = tuple(CONFIGS)
     scratch: tuple[str, ...] = ("w1.58a8",)
     batch_size: int = 32
-    learning_rate: float = 3e-3
-    finetune_learning_rate: float = 1e-3
+    learning_rate: float = 1e-2
+    finetune_learning_rate: float = 3e-3
+    finetune_learning_rates: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    warmup_fraction: float = 0.1
+    finetune_warmup_fraction: float = 0.1
     eval_bytes: int | None = 65536
     eval_every: int = 100
     corpus_max_bytes: int | None = None
@@ -92,11 +100,47 @@ class CompareSettings:
             raise ValueError("CompareSettings: configs must include 'float' (every delta is relative to it).")
         if not self.seeds:
             raise ValueError("CompareSettings: at least one seed is needed.")
+        odd = [n for n in self.finetune_learning_rates if n not in CONFIGS]
+        if odd:
+            raise ValueError(f"CompareSettings: finetune_learning_rates names {odd}; expected among {list(CONFIGS)}.")
+        for name in ("warmup_fraction", "finetune_warmup_fraction"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise ValueError(f"CompareSettings: `{name}` must lie in [0, 1]; got {getattr(self, name)!r}.")
+
+    def schedules(self) -> tuple[TrainSettings, TrainSettings, TrainSettings]:
+        """(float pre-training, fine-tuning at ``finetune_learning_rate``, from scratch for the whole budget)."""
+        total = self.float_steps + self.finetune_steps
+        main = TrainSettings(
+            steps=self.float_steps,
+            batch_size=self.batch_size,
+            learning_rate=self.learning_rate,
+            warmup=max(1, int(self.float_steps * self.warmup_fraction)),
+            eval_every=min(self.eval_every, self.float_steps),
+            eval_windows=32,
+        )
+        finetune = dataclasses.replace(
+            main,
+            steps=self.finetune_steps,
+            learning_rate=self.finetune_learning_rate,
+            warmup=int(self.finetune_steps * self.finetune_warmup_fraction),
+            eval_every=min(self.eval_every, self.finetune_steps),
+        )
+        scratch = dataclasses.replace(
+            main, steps=total, warmup=max(1, int(total * self.warmup_fraction)), eval_every=min(self.eval_every, total)
+        )
+        return main, finetune, scratch
+
+    def finetune_for(self, name: str, finetune: TrainSettings) -> TrainSettings:
+        """``finetune`` with ``name``'s own learning rate where ``finetune_learning_rates`` gives one."""
+        if name in self.finetune_learning_rates:
+            return dataclasses.replace(finetune, learning_rate=self.finetune_learning_rates[name])
+        return finetune
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready fields."""
         out = dataclasses.asdict(self)
         out["model"] = self.model.to_dict()
+        out["finetune_learning_rates"] = dict(self.finetune_learning_rates)
         return out
 
     def replace(self, **changes: Any) -> CompareSettings:
@@ -116,16 +160,21 @@ QUICK = CompareSettings(
     sample_tokens=32,
 )
 
+# The full tier as run on this shared 2-core machine: the quick tier's 0.1M-parameter model,
+# 2x its steps on the recipe tuned on validation, 2 seeds, 128 KiB of the test split. The
+# 0.87M-parameter model (LMConfig(), context 128, batch 32) took 2.2 s a step under load:
+# 3000 + 1000 steps would need hours. model=LMConfig() is one replace away.
 FULL = CompareSettings(
     tier="full",
-    model=LMConfig(),
-    float_steps=3000,
-    finetune_steps=1000,
+    model=QUICK.model,
+    float_steps=600,
+    finetune_steps=200,
     seeds=(0, 1),
-    batch_size=32,
-    eval_bytes=None,
-    eval_every=250,
-    sample_tokens=64,
+    batch_size=16,
+    eval_bytes=131072,
+    eval_every=200,
+    reference_context_bytes=1 << 20,
+    sample_tokens=48,
 )
 
 
@@ -143,25 +192,29 @@ def _environment() -> dict[str, Any]:
     }
 
 
-def _fine_tune(settings: CompareSettings, steps: int, lr: float, warmup: int) -> TrainSettings:
-    return TrainSettings(
-        steps=steps,
-        batch_size=settings.batch_size,
-        learning_rate=lr,
-        warmup=warmup,
-        eval_every=min(settings.eval_every, steps),
-        eval_windows=32,
-    )
-
-
 def compare_lm(
     settings: CompareSettings,
     *,
     out_dir: str | os.PathLike,
     corpus: str | os.PathLike | None = None,
     on_event: Callable[[Mapping[str, Any]], None] | None = None,
+    workers: int = 1,
+    extra: Mapping[str, Callable[[nnx.Module], nnx.Module]] | None = None,
 ) -> dict[str, Any]:
     """Run the comparison and write ``report.json``, ``report.md`` and one run directory per training.
+
+    ``workers > 1`` runs the seeds in that many processes (``spawn``), one seed
+    each at a time: the same keys, so the same figures as one process (each
+    worker reads the corpus again); ``on_event`` then hears of a seed only when
+    it is done. Runs of a small model use about one core each, so on 2 cores
+    2 workers halve the wall time of 2 seeds.
+
+    ``extra`` adds fine-tuned configurations made by other means (a peer
+    library's quantisation, :mod:`stejax.bench._peers_lm`): ``name -> f`` with
+    ``f(float checkpoint) -> model``, fine-tuned exactly as the configurations
+    (the same schedule, one key each from ``fold_in(key(seed), 1000 + i)`` so
+    that the other runs' keys do not change) and scored on the same text. With
+    ``workers > 1`` each ``f`` must pickle (a module-level function).
 
     Returns:
       The report (also in ``out_dir/report.json``): ``summary[cfg]`` with
@@ -170,6 +223,10 @@ def compare_lm(
       ``references``; ``targets``; ``samples``; ``corpus``; ``policy``;
       ``settings``; ``environment``.
     """
+    extra = dict(extra or {})
+    clash = [n for n in extra if n in CONFIGS or n.endswith("_scratch")]
+    if clash:
+        raise ValueError(f"compare_lm: extra names {clash} clash with configuration names; choose others.")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     emit = on_event or (lambda event: None)
@@ -177,64 +234,28 @@ def compare_lm(
     environment = _environment()
     data = build_corpus(corpus, max_bytes=settings.corpus_max_bytes)
     text = data.data["test"] if settings.eval_bytes is None else data.data["test"][: settings.eval_bytes]
-    emit({"event": "references"})
-    refs = references(data.data["train"], data.data["validation"], text, context_bytes=settings.reference_context_bytes)
-    names = [*settings.configs, *(f"{c}_scratch" for c in settings.scratch)]
+
+    def compute_references() -> dict[str, Any]:
+        emit({"event": "references"})
+        return references(
+            data.data["train"], data.data["validation"], text, context_bytes=settings.reference_context_bytes
+        )
+
+    names = [*settings.configs, *extra, *(f"{c}_scratch" for c in settings.scratch)]
     per_seed: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
     samples: dict[str, str] = {}
     total = settings.float_steps + settings.finetune_steps
-    main = TrainSettings(
-        steps=settings.float_steps,
-        batch_size=settings.batch_size,
-        learning_rate=settings.learning_rate,
-        warmup=max(1, settings.float_steps // 20),
-        eval_every=min(settings.eval_every, settings.float_steps),
-        eval_windows=32,
-    )
-    finetune = _fine_tune(
-        settings, settings.finetune_steps, settings.finetune_learning_rate, settings.finetune_steps // 10
-    )
-    scratch = dataclasses.replace(
-        main, steps=total, warmup=max(1, total // 20), eval_every=min(settings.eval_every, total)
-    )
-    for seed in settings.seeds:
-        k_init, k_float, k_tune, k_scratch, k_sample = keys.split(jax.random.key(seed), 5, where=f"compare seed {seed}")
-        init_seed = int(jax.random.randint(keys.consume(k_init, where="init seed"), (), 0, 2**31 - 1))
-        fresh = Transformer(settings.model, rngs=nnx.Rngs(params=init_seed))
-        emit({"event": "train", "config": "float (pre-training)", "seed": seed, "steps": settings.float_steps})
-        base = train_lm(
-            fresh,
-            data.data["train"],
-            data.data["validation"],
-            main,
-            key=k_float,
-            out_dir=out / f"seed{seed}" / "float_base",
-        )
-        tune_keys = keys.split(k_tune, len(settings.configs), where="one fine-tuning key per configuration")
-        for name, k in zip(settings.configs, tune_keys, strict=True):
-            emit({"event": "train", "config": name, "seed": seed, "steps": settings.finetune_steps})
-            model = quantize_lm(base.model, name)
-            run = train_lm(
-                model, data.data["train"], data.data["validation"], finetune, key=k, out_dir=out / f"seed{seed}" / name
-            )
-            per_seed[name].append(_record(seed, run, text, base.history))
-            if seed == settings.seeds[0]:
-                samples[name] = _sample(run.model, settings, k_sample)
-        scratch_keys = (
-            keys.split(k_scratch, len(settings.scratch), where="one key per from-scratch configuration")
-            if settings.scratch
-            else ()
-        )
-        for name, k in zip(settings.scratch, scratch_keys, strict=True):
-            label = f"{name}_scratch"
-            emit({"event": "train", "config": label, "seed": seed, "steps": total})
-            model = quantize_lm(fresh, name)
-            run = train_lm(
-                model, data.data["train"], data.data["validation"], scratch, key=k, out_dir=out / f"seed{seed}" / label
-            )
-            per_seed[label].append(_record(seed, run, text, ()))
-            if seed == settings.seeds[0]:
-                samples[label] = _sample(run.model, settings, k_sample)
+    if workers > 1 and len(settings.seeds) > 1:
+        # The references are computed here while the workers train.
+        results, refs = _run_parallel(settings, out, corpus, workers, emit, extra, compute_references)
+    else:
+        refs = compute_references()
+        results = [_run_seed(settings, seed, data.data, text, out, emit, extra) for seed in settings.seeds]
+    for seed, (records, seed_samples) in zip(settings.seeds, results, strict=True):
+        for name, record in records.items():
+            per_seed[name].append(record)
+        if seed == settings.seeds[0]:
+            samples.update(seed_samples)
     summary = _summary(per_seed)
     report = {
         "tier": settings.tier,
@@ -258,6 +279,10 @@ def compare_lm(
             "rmsnorm_before_each_quantised_input": True,
             "mechanism": "stejax.flax.quantize_model with one Rule(SITES, kinds=('linear',), weights=..., inputs=...)",
             "configs": {name: CONFIGS[name].description for name in CONFIGS},
+            "w4a8_no_ste_trains": "only the embedding, the final RMSNorm and the output head: plain rounding gives "
+            "zero gradient to every quantised weight and, through the rounded inputs, to everything before them in "
+            "the blocks (the RMSNorms feeding q, k, v, o, gate, up, down); the residual stream still carries the "
+            "embedding's gradient to the head (tested in tests/test_lm.py)",
             "budget": f"float {settings.float_steps} steps, then {settings.finetune_steps} fine-tuning steps for every "
             f"configuration (float continues); from scratch: {total} steps",
         },
@@ -268,6 +293,100 @@ def compare_lm(
     (out / "report.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     write_report_md(report, out)
     return report
+
+
+def _run_seed(
+    settings: CompareSettings,
+    seed: int,
+    data: Mapping[str, np.ndarray],
+    text: np.ndarray,
+    out: Path,
+    emit: Callable[[Mapping[str, Any]], None],
+    extra: Mapping[str, Callable[[nnx.Module], nnx.Module]],
+) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
+    """One seed: float pre-training, every fine-tuning, every from-scratch run; (records by name, samples)."""
+    main, finetune, scratch = settings.schedules()
+    records: dict[str, dict[str, Any]] = {}
+    samples: dict[str, str] = {}
+    k_init, k_float, k_tune, k_scratch, k_sample = keys.split(jax.random.key(seed), 5, where=f"compare seed {seed}")
+    init_seed = int(jax.random.randint(keys.consume(k_init, where="init seed"), (), 0, 2**31 - 1))
+    fresh = Transformer(settings.model, rngs=nnx.Rngs(params=init_seed))
+    emit({"event": "train", "config": "float (pre-training)", "seed": seed, "steps": settings.float_steps})
+    base = train_lm(
+        fresh, data["train"], data["validation"], main, key=k_float, out_dir=out / f"seed{seed}" / "float_base"
+    )
+    tune_keys = keys.split(k_tune, len(settings.configs), where="one fine-tuning key per configuration")
+    for name, k in zip(settings.configs, tune_keys, strict=True):
+        emit({"event": "train", "config": name, "seed": seed, "steps": settings.finetune_steps})
+        model = quantize_lm(base.model, name)
+        run = train_lm(
+            model,
+            data["train"],
+            data["validation"],
+            settings.finetune_for(name, finetune),
+            key=k,
+            out_dir=out / f"seed{seed}" / name,
+        )
+        records[name] = _record(seed, run, text, base.history)
+        samples[name] = _sample(run.model, settings, k_sample)
+    for i, (name, make) in enumerate(extra.items()):
+        emit({"event": "train", "config": name, "seed": seed, "steps": settings.finetune_steps})
+        k = jax.random.fold_in(jax.random.key(seed), 1000 + i)
+        run = train_lm(
+            make(base.model), data["train"], data["validation"], finetune, key=k, out_dir=out / f"seed{seed}" / name
+        )
+        records[name] = _record(seed, run, text, base.history)
+        samples[name] = _sample(run.model, settings, k_sample)
+    scratch_keys = (
+        keys.split(k_scratch, len(settings.scratch), where="one key per from-scratch configuration")
+        if settings.scratch
+        else ()
+    )
+    for name, k in zip(settings.scratch, scratch_keys, strict=True):
+        label = f"{name}_scratch"
+        emit({"event": "train", "config": label, "seed": seed, "steps": scratch.steps})
+        model = quantize_lm(fresh, name)
+        run = train_lm(model, data["train"], data["validation"], scratch, key=k, out_dir=out / f"seed{seed}" / label)
+        records[label] = _record(seed, run, text, ())
+        samples[label] = _sample(run.model, settings, k_sample)
+    return records, samples
+
+
+def _seed_worker(
+    settings: CompareSettings,
+    seed: int,
+    out: Path,
+    corpus: str | os.PathLike | None,
+    extra: Mapping[str, Callable[[nnx.Module], nnx.Module]],
+) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
+    """:func:`_run_seed` in a worker process (the corpus read again there)."""
+    data = build_corpus(corpus, max_bytes=settings.corpus_max_bytes)
+    text = data.data["test"] if settings.eval_bytes is None else data.data["test"][: settings.eval_bytes]
+    return _run_seed(settings, seed, data.data, text, out, lambda event: None, extra)
+
+
+def _run_parallel(
+    settings: CompareSettings,
+    out: Path,
+    corpus: str | os.PathLike | None,
+    workers: int,
+    emit: Callable[[Mapping[str, Any]], None],
+    extra: Mapping[str, Callable[[nnx.Module], nnx.Module]],
+    meanwhile: Callable[[], dict[str, Any]],
+) -> tuple[list[tuple[dict[str, dict[str, Any]], dict[str, str]]], dict[str, Any]]:
+    """The seeds in worker processes, and ``meanwhile()`` in this one while they run."""
+    import concurrent.futures
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+        futures = [pool.submit(_seed_worker, settings, seed, out, corpus, extra) for seed in settings.seeds]
+        side = meanwhile()
+        results = []
+        for seed, future in zip(settings.seeds, futures, strict=True):
+            results.append(future.result())
+            emit({"event": "seed done", "seed": seed})
+        return results, side
 
 
 def _record(seed: int, run: Any, text: np.ndarray, before: tuple[dict[str, float], ...]) -> dict[str, Any]:
@@ -316,7 +435,7 @@ def _targets(
             delta = summary[name]["delta_vs_float_pct"]
             rows[f"{name} delta <= {bound}%"] = {"measured": delta, "bound": bound, "met": delta <= bound}
     if "w4a8_no_ste" in summary:
-        ste = [n for n in summary if n not in ("float", "w4a8_no_ste") and not n.endswith("_scratch")]
+        ste = [n for n in summary if n in CONFIGS and n not in ("float", "w4a8_no_ste")]
         if ste:
             worst = max(summary[n]["test_bpb_mean"] for n in ste)
             gap = summary["w4a8_no_ste"]["test_bpb_mean"] - worst

@@ -98,14 +98,14 @@ def _tensors(model: nnx.Module, config: LMQuant) -> tuple[dict[str, np.ndarray],
 
 def predicted_size(model: nnx.Module, config: LMQuant | str) -> dict[str, int]:
     """The bytes of the weights file before writing it: ``{"weights_file": ..., "codes": ..., "float32": ...}``."""
-    from stejax.export._safetensors import file_size
+    from stejax.export import safetensors_file_size
 
     config = CONFIGS[config] if isinstance(config, str) else config
     tensors, table = _tensors(model, config)
     meta = {"format": LM_FORMAT}
     codes = sum(t["bytes"] for t in table.values())
     return {
-        "weights_file": file_size({k: (v.shape, v.dtype) for k, v in tensors.items()}, meta),
+        "weights_file": safetensors_file_size({k: (v.shape, v.dtype) for k, v in tensors.items()}, meta),
         "codes": codes,
         "float32": sum(v.nbytes for k, v in tensors.items() if not k.endswith("/codes")),
     }
@@ -128,18 +128,18 @@ def export_lm(
     Raises:
       FileExistsError: ``out`` exists.
     """
-    from stejax.artifacts._store import environment, publish, sign, temp_dir_beside, write_file
-    from stejax.export._safetensors import encode
+    from stejax.artifacts import environment, publish_dir, seal_manifest, staging_dir, write_file_durably
+    from stejax.export import encode_safetensors
 
     config = CONFIGS[config] if isinstance(config, str) else config
     target = Path(out)
     if target.exists():
         raise FileExistsError(f"{target} exists; artifacts are never overwritten.")
     tensors, table = _tensors(model, config)
-    data = encode(tensors, {"format": LM_FORMAT})
+    data = encode_safetensors(tensors, {"format": LM_FORMAT})
     import hashlib
 
-    manifest = sign(
+    manifest = seal_manifest(
         {
             "format": LM_FORMAT,
             "model": model.config.to_dict(),  # type: ignore[attr-defined]
@@ -151,10 +151,10 @@ def export_lm(
             "extra": extra or {},
         }
     )
-    tmp = temp_dir_beside(target, "lm-export")
-    write_file(tmp / WEIGHTS, data)
-    write_file(tmp / "manifest.json", (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode())
-    publish(tmp, target)
+    tmp = staging_dir(target, "lm-export")
+    write_file_durably(tmp / WEIGHTS, data)
+    write_file_durably(tmp / "manifest.json", (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode())
+    publish_dir(tmp, target)
     return target
 
 
@@ -184,17 +184,17 @@ def load_lm_artifact(path: str | os.PathLike) -> LMArtifact:
       stejax.artifacts.ArtifactError: a missing, changed or unlisted file, an
         edited manifest, another format, or a tensor that does not fit the model.
     """
-    from stejax.artifacts._store import ArtifactError, check_files, check_integrity, read_json
-    from stejax.export._safetensors import SafetensorsError, decode
+    from stejax.artifacts import ArtifactError, check_listed_files, check_manifest_integrity, read_json_object
+    from stejax.export import SafetensorsError, decode_safetensors
 
     root = Path(path)
-    manifest = read_json(root / "manifest.json")
-    check_integrity(manifest, root / "manifest.json")
+    manifest = read_json_object(root / "manifest.json")
+    check_manifest_integrity(manifest, root / "manifest.json")
     if manifest.get("format") != LM_FORMAT:
         raise ArtifactError(f"{root / 'manifest.json'}: format {manifest.get('format')!r}; expected {LM_FORMAT!r}.")
-    files = check_files(root, manifest.get("files"))
+    files = check_listed_files(root, manifest.get("files"))
     try:
-        tensors, _ = decode(files[WEIGHTS], str(root / WEIGHTS))
+        tensors, _ = decode_safetensors(files[WEIGHTS], str(root / WEIGHTS))
     except SafetensorsError as e:
         raise ArtifactError(str(e)) from None
     config = LMQuant(**manifest["config"])
