@@ -406,3 +406,79 @@ def test_network_trains_a_step_with_finite_gradients_under_jit():
     assert bool(jnp.all(out.spikes[0] >= 0))
     with pytest.raises(ValueError, match=r"time-major \(T, B, 8\)"):
         forward(net, params, x[0])
+
+
+def test_lif_readout_puts_every_weight_behind_a_spike():
+    # The comparison's network: a spiking output layer read by its counts. Without a
+    # surrogate no parameter at all gets gradient (the integrator readout above still learns).
+    x = rate(jnp.full((4, 8), 0.6), 6, key=jax.random.key(1))
+    y = jnp.array([0, 1, 2, 0])
+    plain = NetConfig(8, 3, hidden=(6, 5), spike="no_surrogate", readout="lif", readout_drive=4.0)
+    params = init_net(plain, key=jax.random.key(0))
+    out = forward(plain, params, x)
+    assert out.traces.shape == (6, 4, 3) and set(np.unique(np.asarray(out.traces))) <= {0.0, 1.0}
+    # Every layer fires, so a zero gradient below is the missing surrogate, not silence.
+    assert all(float(s.sum()) > 0 for s in (*out.spikes, out.traces))
+    for loss in (mse_count, ce_spike_count):
+        g = jax.grad(lambda p, loss=loss: loss(forward(plain, p, x).traces, y))(params)
+        assert all(float(jnp.abs(leaf).max()) == 0 for leaf in jax.tree.leaves(g))
+    surrogate = NetConfig(8, 3, hidden=(6, 5), spike="fast_sigmoid", readout="lif")
+    g = jax.grad(lambda p: mse_count(forward(surrogate, p, x).traces, y))(params)
+    assert float(jnp.abs(g.layers[0].w).max()) > 0 and float(jnp.abs(g.readout.w).max()) > 0
+    # The output bias starts at the drive that holds a neuron at threshold: b = d * theta * (1 - beta).
+    drive = NetConfig(8, 3, hidden=(6,), readout="lif", readout_drive=0.5, threshold=0.8, readout_decay=0.75)
+    np.testing.assert_allclose(init_net(drive, key=jax.random.key(0)).readout.b, 0.5 * 0.8 * 0.25, rtol=1e-6)
+    assert float(jnp.abs(init_net(NetConfig(8, 3, hidden=(6,)), key=jax.random.key(0)).readout.b).max()) == 0
+    with pytest.raises(ValueError, match="readout must be one of"):
+        NetConfig(8, 3, readout="softmax")
+    with pytest.raises(ValueError, match="non-spiking reference"):
+        NetConfig(8, 3, spike=None, readout="lif")
+
+
+@pytest.mark.parametrize("name", ["leaky", "synaptic", "recurrent", "adaptive", "integrator"])
+def test_bound_step_equals_step_bit_for_bit(name):
+    neuron, params = _neurons()[name]
+    xs = _inputs()
+    state = neuron.init_state((B, N))
+    bound = jax.jit(lambda xs: run(neuron.bind(params, (B, N), xs.dtype), state, xs))(xs)
+    plain = jax.jit(lambda xs: run(functools.partial(neuron.step, params), state, xs))(xs)
+    for a, b in zip(jax.tree.leaves(bound), jax.tree.leaves(plain), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    weights = jnp.broadcast_to(jnp.arange(N, dtype=xs.dtype), xs.shape)
+    grad = jax.grad(lambda p, f: jnp.sum(run(f(p), state, xs)[1] * weights))
+    g_bound = grad(params, lambda p: neuron.bind(p, (B, N), xs.dtype))
+    g_plain = grad(params, lambda p: functools.partial(neuron.step, p))
+    for a, b in zip(jax.tree.leaves(g_bound), jax.tree.leaves(g_plain), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-7)
+
+
+def test_nnx_modules_delegate_to_the_pure_steps():
+    from flax import nnx
+
+    from stejax.snn import nnx as snn_nnx
+
+    xs = _inputs()
+    modules = {
+        "leaky": (snn_nnx.Leaky(N, decay=0.8, threshold=0.7, per_neuron=True), "leaky"),
+        "synaptic": (snn_nnx.Synaptic(N, syn_decay=0.6, decay=0.85, threshold=0.9), "synaptic"),
+        "recurrent": (snn_nnx.RecurrentLeaky(N, rngs=nnx.Rngs(0), decay=0.7, threshold=0.8), None),
+        "adaptive": (snn_nnx.AdaptiveLeaky(N, threshold=0.6, adapt_strength=0.5, per_neuron=True), "adaptive"),
+        "integrator": (snn_nnx.LeakyIntegrator(N, decay=0.75), "integrator"),
+    }
+    for name, (module, pure) in modules.items():
+        _, out = module.run(xs)
+        if pure is not None:  # the same parameters as the pure neuron of _neurons(): the same outputs, bit for bit
+            neuron, params = _neurons()[pure]
+            _, expected = run(functools.partial(neuron.step, params), neuron.init_state((B, N)), xs)
+            np.testing.assert_array_equal(np.asarray(out), np.asarray(expected), err_msg=name)
+        state, step_out = module(module.init_state((B, N)), xs[0])
+        np.testing.assert_array_equal(np.asarray(step_out), np.asarray(out[0]), err_msg=name)
+    trained = {name: sorted(nnx.state(m, nnx.Param).keys()) for name, (m, _) in modules.items()}
+    assert trained["recurrent"] == ["decay_logit", "recurrent", "threshold"]
+    assert trained["adaptive"] == ["adapt_decay_logit", "adapt_strength", "decay_logit", "threshold"]
+    assert trained["integrator"] == ["decay_logit"]
+    frozen = snn_nnx.AdaptiveLeaky(N, learn_decay=False)
+    assert sorted(nnx.state(frozen, nnx.Param).keys()) == ["adapt_strength", "threshold"]
+    assert sorted(nnx.state(frozen, snn_nnx.Fixed).keys()) == ["adapt_decay_logit", "decay_logit"]
+    with pytest.raises(TypeError, match="unexpected keyword argument 'syn_decay'"):
+        snn_nnx.Leaky(N, syn_decay=0.5)

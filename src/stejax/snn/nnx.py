@@ -41,6 +41,11 @@ def _var(value: jax.Array, learn: bool) -> nnx.Variable:
     return nnx.Param(value) if learn else Fixed(value)
 
 
+# Which parameter fields follow learn_decay and which learn_threshold; any other (the recurrent weights) trains.
+_DECAYS = frozenset({"decay_logit", "syn_decay_logit", "adapt_decay_logit"})
+_THRESHOLDS = frozenset({"threshold", "adapt_strength"})
+
+
 class _NeuronStep(Protocol):
     """What a module needs of its pure neuron (:class:`stejax.snn.Leaky` and the others)."""
 
@@ -54,6 +59,13 @@ class _NeuronStep(Protocol):
 class _Neuron(nnx.Module):
     _params_type: Any = None
     neuron: _NeuronStep  # set by each subclass's __init__
+
+    def _setup(self, neuron: _NeuronStep, params: Any, learn_decay: bool, learn_threshold: bool) -> None:
+        """Hold ``neuron`` and one variable per field of ``params``: trained or :class:`Fixed` by its kind."""
+        self.neuron = neuron
+        for field in self._params_type._fields:
+            learn = learn_decay if field in _DECAYS else learn_threshold if field in _THRESHOLDS else True
+            setattr(self, field, _var(getattr(params, field), learn))
 
     def _params(self) -> Any:
         return self._params_type(*(getattr(self, f)[...] for f in self._params_type._fields))
@@ -75,115 +87,71 @@ class _Neuron(nnx.Module):
         return _run(step, state, xs, time_axis=time_axis, **loop)
 
 
-class Leaky(_Neuron):
-    """:class:`stejax.snn.Leaky` (LIF) as an NNX module of ``n`` neurons."""
+class _Spiking(_Neuron):
+    """The spiking modules' constructor: the pure neuron, its initial parameters, and which of them train."""
 
+    _neuron_type: Any = None
+
+    def __init__(
+        self,
+        n: int,
+        *,
+        spike: Spike | str = "fast_sigmoid",
+        reset: str = "subtract",
+        reset_grad: bool = False,
+        per_neuron: bool = False,
+        learn_decay: bool = True,
+        learn_threshold: bool = True,
+        **init: Any,
+    ):
+        neuron = self._neuron_type(spike, reset, reset_grad)
+        self._setup(neuron, neuron.init_params(n, per_neuron=per_neuron, **init), learn_decay, learn_threshold)
+
+
+class Leaky(_Spiking):
+    """:class:`stejax.snn.Leaky` (LIF) as an NNX module of ``n`` neurons.
+
+    Keywords: ``spike``, ``reset``, ``reset_grad`` (the neuron), ``decay``,
+    ``threshold``, ``per_neuron`` (its :meth:`~stejax.snn.Leaky.init_params`),
+    ``learn_decay``, ``learn_threshold`` (False: a :class:`Fixed` variable).
+    """
+
+    _neuron_type = _neurons.Leaky
     _params_type = _neurons.LeakyParams
 
-    def __init__(
-        self,
-        n: int,
-        *,
-        spike: Spike | str = "fast_sigmoid",
-        reset: str = "subtract",
-        reset_grad: bool = False,
-        decay: float = 0.9,
-        threshold: float = 1.0,
-        per_neuron: bool = False,
-        learn_decay: bool = True,
-        learn_threshold: bool = True,
-    ):
-        self.neuron = _neurons.Leaky(spike, reset, reset_grad)
-        p = self.neuron.init_params(n, decay=decay, threshold=threshold, per_neuron=per_neuron)
-        self.decay_logit = _var(p.decay_logit, learn_decay)
-        self.threshold = _var(p.threshold, learn_threshold)
 
+class Synaptic(_Spiking):
+    """:class:`stejax.snn.Synaptic` (second-order LIF) as an NNX module.
 
-class Synaptic(_Neuron):
-    """:class:`stejax.snn.Synaptic` (second-order LIF) as an NNX module."""
+    Keywords as :class:`Leaky`, and ``syn_decay`` (trained with ``learn_decay``).
+    """
 
+    _neuron_type = _neurons.Synaptic
     _params_type = _neurons.SynapticParams
 
-    def __init__(
-        self,
-        n: int,
-        *,
-        spike: Spike | str = "fast_sigmoid",
-        reset: str = "subtract",
-        reset_grad: bool = False,
-        syn_decay: float = 0.8,
-        decay: float = 0.9,
-        threshold: float = 1.0,
-        per_neuron: bool = False,
-        learn_decay: bool = True,
-        learn_threshold: bool = True,
-    ):
-        self.neuron = _neurons.Synaptic(spike, reset, reset_grad)
-        p = self.neuron.init_params(n, syn_decay=syn_decay, decay=decay, threshold=threshold, per_neuron=per_neuron)
-        self.syn_decay_logit = _var(p.syn_decay_logit, learn_decay)
-        self.decay_logit = _var(p.decay_logit, learn_decay)
-        self.threshold = _var(p.threshold, learn_threshold)
 
+class RecurrentLeaky(_Spiking):
+    """:class:`stejax.snn.RecurrentLeaky` as an NNX module; ``rngs`` draws the recurrent weights (always trained).
 
-class RecurrentLeaky(_Neuron):
-    """:class:`stejax.snn.RecurrentLeaky` as an NNX module; ``rngs`` draws the recurrent weights."""
+    Keywords as :class:`Leaky`, and ``scale`` (the recurrent weights' standard deviation).
+    """
 
+    _neuron_type = _neurons.RecurrentLeaky
     _params_type = _neurons.RecurrentParams
 
-    def __init__(
-        self,
-        n: int,
-        *,
-        rngs: nnx.Rngs,
-        spike: Spike | str = "fast_sigmoid",
-        reset: str = "subtract",
-        reset_grad: bool = False,
-        decay: float = 0.9,
-        threshold: float = 1.0,
-        per_neuron: bool = False,
-        learn_decay: bool = True,
-        learn_threshold: bool = True,
-    ):
-        self.neuron = _neurons.RecurrentLeaky(spike, reset, reset_grad)
-        p = self.neuron.init_params(n, key=rngs.params(), decay=decay, threshold=threshold, per_neuron=per_neuron)
-        self.decay_logit = _var(p.decay_logit, learn_decay)
-        self.threshold = _var(p.threshold, learn_threshold)
-        self.recurrent = nnx.Param(p.recurrent)
+    def __init__(self, n: int, *, rngs: nnx.Rngs, **kwargs: Any):
+        super().__init__(n, key=rngs.params(), **kwargs)
 
 
-class AdaptiveLeaky(_Neuron):
-    """:class:`stejax.snn.AdaptiveLeaky` (ALIF) as an NNX module."""
+class AdaptiveLeaky(_Spiking):
+    """:class:`stejax.snn.AdaptiveLeaky` (ALIF) as an NNX module.
 
+    Keywords as :class:`Leaky`, and ``adapt_decay`` (trained with ``learn_decay``)
+    and ``adapt_strength`` (trained with ``learn_threshold``).
+    """
+
+    _neuron_type = _neurons.AdaptiveLeaky
     _params_type = _neurons.AdaptiveParams
-
-    def __init__(
-        self,
-        n: int,
-        *,
-        spike: Spike | str = "fast_sigmoid",
-        reset: str = "subtract",
-        reset_grad: bool = False,
-        decay: float = 0.9,
-        threshold: float = 1.0,
-        adapt_decay: float = 0.95,
-        adapt_strength: float = 1.8,
-        per_neuron: bool = False,
-        learn_decay: bool = True,
-        learn_threshold: bool = True,
-    ):
-        self.neuron = _neurons.AdaptiveLeaky(spike, reset, reset_grad)
-        p = self.neuron.init_params(
-            n,
-            decay=decay,
-            threshold=threshold,
-            adapt_decay=adapt_decay,
-            adapt_strength=adapt_strength,
-            per_neuron=per_neuron,
-        )
-        self.decay_logit = _var(p.decay_logit, learn_decay)
-        self.threshold = _var(p.threshold, learn_threshold)
-        self.adapt_decay_logit = _var(p.adapt_decay_logit, learn_decay)
-        self.adapt_strength = _var(p.adapt_strength, learn_threshold)
 
 
 class LeakyIntegrator(_Neuron):
@@ -192,7 +160,5 @@ class LeakyIntegrator(_Neuron):
     _params_type = _neurons.LeakyParams
 
     def __init__(self, n: int, *, decay: float = 0.9, per_neuron: bool = False, learn_decay: bool = True):
-        self.neuron = _neurons.LeakyIntegrator()
-        p = self.neuron.init_params(n, decay=decay, per_neuron=per_neuron)
-        self.decay_logit = _var(p.decay_logit, learn_decay)
-        self.threshold = Fixed(p.threshold)
+        neuron = _neurons.LeakyIntegrator()
+        self._setup(neuron, neuron.init_params(n, decay=decay, per_neuron=per_neuron), learn_decay, False)
