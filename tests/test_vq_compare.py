@@ -114,3 +114,10 @@ def test_the_control_trains_the_codes_and_the_decoder_never_the_encoder(quantize
 
     assert total(grads["codebook"]) > 0 and total(grads["decoder"]) > 0
     assert (total(grads["encoder"]) == 0) == (quantizer == "no_gradient")
+
+
+def test_the_evaluation_part_is_test_or_validation():
+    from stejax.vq._compare import _load
+
+    with pytest.raises(ValueError, match="the evaluation part must be 'test' or 'val'; got 'train'"):
+        _load(CompareSettings(seeds=(0,)), "train")
