@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import math
 import multiprocessing
@@ -540,7 +539,8 @@ def _warm_step(name: str, base: TrainConfig, splits: Splits) -> None:
     batch = Batch(x, jnp.zeros((base.batch_size,), jnp.int32))
     key = jax.random.key(0) if needs_key(model_config, train=True) else None
     step = compiled_train_step(model_config, qat_config, optimizer)
-    jax.block_until_ready(step(params, optimizer.init(params), batch, key, jnp.asarray(False)))
+    # `log` a Python bool, as train passes it (a bool array would be another signature).
+    jax.block_until_ready(step(params, optimizer.init(params), batch, key, False))
 
 
 def _run_splits(
@@ -565,7 +565,6 @@ def _time_presets(presets, base, splits, normalizer, first_params, repeats, warm
     # the base seed's key without drawing on any run's stream (key(seed) is split,
     # never folded, by train).
     root = jax.random.fold_in(jax.random.key(base.seed), _TIMING_STREAM)
-    no_log = jnp.asarray(False)
     stream = keys.split(root, len(presets), where="compare: timing, one key per preset")
     setups = {}
     for name, k in zip(presets, stream, strict=True):
@@ -574,7 +573,7 @@ def _time_presets(presets, base, splits, normalizer, first_params, repeats, warm
         qat_config = config.qat_config()
         optimizer = make_optimizer(config, steps_per_epoch)
         # The step as train takes it on every batch but an epoch's last (no fractions).
-        step = functools.partial(compiled_train_step(model_config, qat_config, optimizer), log=no_log)
+        step = _without_fractions(compiled_train_step(model_config, qat_config, optimizer))
         params = first_params.get(name)
         if params is None:  # pragma: no cover - every preset ran at least one seed
             params = init_params(jax.random.key(0), model_config, qat_config)
@@ -586,6 +585,20 @@ def _time_presets(presets, base, splits, normalizer, first_params, repeats, warm
         )
         setups[name] = (step, (params, optimizer.init(params), batch), step_keys)
     return time_steps(setups, repeats=repeats, warmup=warmup)
+
+
+def _without_fractions(step: Callable[..., Any]) -> Callable[..., Any]:
+    """``step(params, opt_state, batch, key)`` as ``compiled_train_step``'s call with ``log`` False.
+
+    ``log`` goes by position and as a Python bool, exactly as :func:`train` passes it,
+    so that the call reuses train's compilation (a keyword, or a bool array, would be
+    another signature and compile again).
+    """
+
+    def call(params: Any, opt_state: Any, batch: Batch, key: jax.Array | None) -> Any:
+        return step(params, opt_state, batch, key, False)
+
+    return call
 
 
 def _bits(name: str) -> dict[str, int]:
