@@ -12,8 +12,14 @@ from stejax.bench._measure import standard_promotion
 __all__ = ["nnx_steps"]
 
 
-def nnx_steps(nnx, optax, optimizer, models, x, y) -> dict[str, Any]:
-    """A jitted functional training step per NNX model (``nnx.split`` outside, ``nnx.merge`` inside)."""
+def nnx_steps(nnx, optax, optimizer, models, x, y, *, compiled: dict[str, str] | None = None) -> dict[str, Any]:
+    """A jitted functional training step per NNX model (``nnx.split`` outside, ``nnx.merge`` inside).
+
+    Besides the calls, ``"_quantised_dots"``: Qwix's ``dot_general_qt`` count in
+    the ``"qwix int8"`` loss. With ``compiled`` (a dict), each step is compiled
+    now and its HLO text stored there by label (the profile of what the step
+    computes; the timed calls reuse that compilation).
+    """
     calls: dict[str, Any] = {"_quantised_dots": 0}
     for label, model in models.items():
         graphdef, params, rest = nnx.split(model, nnx.Param, ...)
@@ -32,7 +38,9 @@ def nnx_steps(nnx, optax, optimizer, models, x, y) -> dict[str, Any]:
         state = optimizer.init(params)
         # Trace now, inside the caller's warning filter (Flax warns while tracing Qwix's
         # interception); the timed calls reuse the trace and compile on the first call.
-        step.trace(params, state, x, y)
+        traced = step.trace(params, state, x, y)
+        if compiled is not None:
+            compiled[label] = traced.lower().compile().as_text()
         if label == "qwix int8":
             # Proof that Qwix quantised the products (else this would time a float model).
             with standard_promotion():

@@ -60,10 +60,11 @@ def rules_peer_groups(*, repeats: int, warmup: int, quick: bool) -> tuple[list[d
             with standard_promotion():
                 float_model = make()
                 qwix_rules = [qwix.QtRule(module_path=".*", weight_qtype=jnp.int8, act_qtype=jnp.int8)]
-                qwix_model = qwix.quantize_model(float_model, qwix.QtProvider(qwix_rules), x)
+                qwix_model = qwix.quantize_model(float_model, qwix_per_tensor_provider(qwix_rules), x)
                 stejax_model = quantize_model(make(), stejax_rules, x)
             models = {"flax float": float_model, "qwix int8": qwix_model, "stejax int8": stejax_model}
-            calls = nnx_steps(nnx, optax, optimizer, models, x, y)
+            compiled: dict[str, str] = {}
+            calls = nnx_steps(nnx, optax, optimizer, models, x, y, compiled=compiled)
         notes += sorted(
             {f"{w.category.__name__} from a peer library: {' '.join(str(w.message).split())}" for w in caught}
         )
@@ -73,13 +74,16 @@ def rules_peer_groups(*, repeats: int, warmup: int, quick: bool) -> tuple[list[d
             "batch": list(x.shape),
             "optimizer": "optax.adam(1e-3), the same object for every variant",
             "qwix int8": "QtRule(module_path='.*', weight_qtype=int8, act_qtype=int8): absmax per-channel weights, "
-            "dynamic int8 activations (one scale per example), QtProvider",
+            "dynamic int8 activations, one scale per tensor (QtProvider told so by qwix_per_tensor_provider; its "
+            "default is one per example)",
             "stejax int8": "Rule(weights=Quant('fake_quant', bits=8, axis=-1), inputs=Quant('fake_quant', bits=8, "
             "scale='dynamic')): absmax per-channel weights recomputed each step, one dynamic scale per tensor",
             "qwix_quantised_dot_generals": calls.pop("_quantised_dots"),
             "stejax_quantised_sites": [f"{r.path} ({r.kind})" for r in quantised],
-            "differences": "Qwix computes int8 products (dot_general_qt); stejax fake-quantises in float32 and "
-            "multiplies in float32; Qwix's activation scales are per example, stejax's per tensor",
+            "differences": "Qwix computes int8 products (dot_general_qt) and differentiates the float product "
+            "of the unquantised operands (custom_vjp); stejax fake-quantises, multiplies in float32 and "
+            "differentiates through the estimators' declared surrogates (custom_jvp)",
+            "compiled_hlo_ops": {label: hlo_op_counts(text) for label, text in compiled.items()},
         }
         groups.append(
             compare(
@@ -92,6 +96,50 @@ def rules_peer_groups(*, repeats: int, warmup: int, quick: bool) -> tuple[list[d
             )
         )
     return groups, notes
+
+
+HLO_OPS = ("convolution", "dot", "reduce", "divide", "convert", "round-nearest-even", "compare", "select", "copy")
+
+
+def hlo_op_counts(compiled_text: str) -> dict[str, int]:
+    """How many of each :data:`HLO_OPS` instruction a compiled step has (fused computations included), and fusions.
+
+    Example:
+      >>> counts = hlo_op_counts("%a = f32[2]{0} convert(%p); %b = f32[2]{0} fusion(%a), kind=kLoop")
+      >>> counts["convert"], counts["fusion"], counts["dot"]
+      (1, 1, 0)
+    """
+    import re
+
+    ops = re.findall(r"= \S+ ([a-z][\w-]*)\(", compiled_text)
+    return {op: ops.count(op) for op in (*HLO_OPS, "fusion")}
+
+
+def qwix_per_tensor_provider(rules: list[Any]) -> Any:
+    """Qwix's ``QtProvider`` with one dynamic scale per activation tensor (its default is one per example).
+
+    Weights keep their per-channel scales: only an operand that is not a
+    parameter (``flax_util.find_param`` is None) loses its channel-wise axes.
+    """
+    import dataclasses
+
+    import qwix
+    from qwix._src.utils import flax_util
+
+    class PerTensorActivations(qwix.QtProvider):
+        def _create_dot_general_qt_config(self, rule: Any, op_id: str, lhs: Any, rhs: Any) -> Any:
+            config = super()._create_dot_general_qt_config(rule, op_id, lhs, rhs)
+            return dataclasses.replace(
+                config,
+                lhs_disable_channelwise_axes=flax_util.find_param(lhs) is None,
+                rhs_disable_channelwise_axes=flax_util.find_param(rhs) is None,
+            )
+
+        def _create_conv_general_qt_config(self, rule: Any, op_id: str, lhs: Any, rhs: Any) -> Any:
+            config = super()._create_conv_general_qt_config(rule, op_id, lhs, rhs)
+            return dataclasses.replace(config, lhs_disable_channelwise_axes=True)
+
+    return PerTensorActivations(rules)
 
 
 def _classifier(block: nnx.Module) -> nnx.Module:
