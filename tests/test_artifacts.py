@@ -116,7 +116,7 @@ def test_save_refuses_an_existing_directory(tmp_path):
 
 
 def test_a_failed_save_leaves_nothing(tmp_path, monkeypatch):
-    real = store_module.write_file
+    real = store_module.write_file_durably
     calls = []
 
     def fail_second(path, data):
@@ -125,7 +125,7 @@ def test_a_failed_save_leaves_nothing(tmp_path, monkeypatch):
             raise OSError("disk full")
         real(path, data)
 
-    monkeypatch.setattr(store_module, "write_file", fail_second)
+    monkeypatch.setattr(store_module, "write_file_durably", fail_second)
     with pytest.raises(OSError, match="disk full"):
         save_artifact(exported("w4a4"), tmp_path / "a")
     assert os.listdir(tmp_path) == []
@@ -283,7 +283,7 @@ _KILLED_SAVE = textwrap.dedent(
     import jax
     from stejax.artifacts import _store, save_artifact
     from stejax.export import export_run
-    real = _store.write_file
+    real = _store.write_file_durably
 
     def pause_after_first(path, data):
         real(path, data)
@@ -291,7 +291,7 @@ _KILLED_SAVE = textwrap.dedent(
         time.sleep(120)
 
     result = export_run(sys.argv[1], splits=None)
-    _store.write_file = pause_after_first
+    _store.write_file_durably = pause_after_first
     save_artifact(result, sys.argv[2])
     """
 )
