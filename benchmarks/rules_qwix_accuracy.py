@@ -9,7 +9,8 @@ order for every arm) as:
 * **QAT int8**, quantised before training by ``stejax.flax.quantize_model`` and
   by ``qwix.quantize_model`` with ``QtProvider``, one scheme: int8 absmax
   per-output-channel weights recomputed each step, int8 dynamic absmax
-  activations **per tensor** (Qwix's provider is told so: by default its dynamic
+  activations **per tensor** (Qwix's provider is told so,
+  :func:`stejax.bench._peers_rules.qwix_per_tensor_provider`: by default its dynamic
   activation scales are per example), straight-through backward;
 * **QAT w4g32**, the same with int4 weights in groups of 32 along the
   contraction axis on the dense head (``group_size=32`` / ``tile_size=32``), the
@@ -30,7 +31,6 @@ seeds, 95% Student-t interval: :func:`stejax.train.paired_delta`).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import statistics
 import warnings
 
@@ -40,8 +40,8 @@ import numpy as np
 import optax
 import qwix
 from flax import nnx
-from qwix._src.utils import flax_util
 
+from stejax.bench._peers_rules import qwix_per_tensor_provider
 from stejax.data import Normalizer, load_digits, split
 from stejax.flax import Quant, Rule, quantize_model
 from stejax.flax.models import DigitsCNN
@@ -62,22 +62,6 @@ QWIX = {
         dict(module_path=".*", weight_qtype=jnp.int8, act_qtype=jnp.int8),
     ],
 }
-
-
-class PerTensorActs(qwix.QtProvider):
-    """Qwix's QT provider with one dynamic scale per activation tensor (its default: one per example)."""
-
-    def _create_dot_general_qt_config(self, rule, op_id, lhs, rhs):
-        config = super()._create_dot_general_qt_config(rule, op_id, lhs, rhs)
-        return dataclasses.replace(
-            config,
-            lhs_disable_channelwise_axes=flax_util.find_param(lhs) is None,
-            rhs_disable_channelwise_axes=flax_util.find_param(rhs) is None,
-        )
-
-    def _create_conv_general_qt_config(self, rule, op_id, lhs, rhs):
-        config = super()._create_conv_general_qt_config(rule, op_id, lhs, rhs)
-        return dataclasses.replace(config, lhs_disable_channelwise_axes=True)
 
 
 def _loss(model, x, y):
@@ -114,7 +98,7 @@ def accuracy(model, data) -> float:
 
 
 def qwix_qat(model, scheme: str, x):
-    return qwix.quantize_model(model, PerTensorActs([qwix.QtRule(**r) for r in QWIX[scheme]]), x)
+    return qwix.quantize_model(model, qwix_per_tensor_provider([qwix.QtRule(**r) for r in QWIX[scheme]]), x)
 
 
 def qwix_ptq(float_model, scheme: str, x):
