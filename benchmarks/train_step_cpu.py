@@ -1,0 +1,66 @@
+"""The default recipe's CNN training step with and without its zero-gradient fractions, in CPU time (issue 12).
+
+float, w8a8 and w4a4, each as `compiled_update` (with the fractions) and as `compiled_train_step(..., log=False)` (the
+step `train` takes on every batch but an epoch's last), timed with `time.process_time` (robust to a loaded machine:
+time spent descheduled is not counted), `--calls` calls per sample, interleaved rounds; ratios are the p50 (p10, p90)
+of the per-round ratios.
+
+    python benchmarks/train_step_cpu.py [--rounds 150] [--calls 3]
+"""
+
+import argparse
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from stejax import keys
+from stejax.data import Normalizer
+from stejax.model import init_params, preset
+from stejax.train import Batch, TrainConfig, compiled_train_step, compiled_update, load_splits, make_optimizer
+
+parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+parser.add_argument("--rounds", type=int, default=150, help="interleaved rounds (default 150)")
+parser.add_argument("--calls", type=int, default=3, help="calls per sample (default 3)")
+args = parser.parse_args()
+
+config = TrainConfig()
+splits = load_splits(config)
+normalizer = Normalizer.fit(splits.train.x)
+batch = Batch(
+    jnp.asarray(normalizer.apply(splits.train.x[: config.batch_size])),
+    jnp.asarray(splits.train.y[: config.batch_size]),
+)
+optimizer = make_optimizer(config, len(splits.train) // config.batch_size)
+model_config = config.model_config(splits.train)
+step_keys = list(keys.split(jax.random.key(7), 64))
+calls = {}
+for name in ("float", "w8a8", "w4a4"):
+    qat_config = preset(name)
+    params = init_params(jax.random.key(0), model_config, qat_config)
+    state = optimizer.init(params)
+    with_fractions = compiled_update(model_config, qat_config, optimizer)
+    train_step = compiled_train_step(model_config, qat_config, optimizer)
+    calls[f"{name} stats"] = lambda f=with_fractions, p=params, s=state: f(p, s, batch, step_keys[0])
+    calls[f"{name} train step"] = lambda f=train_step, p=params, s=state: f(p, s, batch, step_keys[0], False)
+names = list(calls)
+for name in names:
+    for _ in range(3):
+        jax.block_until_ready(calls[name]())
+seconds: dict[str, list[float]] = {name: [] for name in names}
+for r in range(args.rounds):
+    for j in range(len(names)):
+        name = names[(r + j) % len(names)]
+        start = time.process_time()
+        for _ in range(args.calls):
+            jax.block_until_ready(calls[name]())
+        seconds[name].append((time.process_time() - start) / args.calls)
+for name in names:
+    print(f"{name:18s} p50 {1e3 * np.median(seconds[name]):.3f} ms CPU")
+pairs = [("w8a8 train step", "float train step"), ("w4a4 train step", "float train step")]
+pairs += [(f"{q} train step", f"{q} stats") for q in ("float", "w8a8", "w4a4")]
+for a, b in pairs:
+    ratio = np.asarray(seconds[a]) / np.asarray(seconds[b])
+    p10, p50, p90 = np.percentile(ratio, [10, 50, 90])
+    print(f"{a:18s} / {b:18s} p50 {p50:.3f} (p10 {p10:.3f}, p90 {p90:.3f})")
