@@ -41,7 +41,9 @@ def snn_peer_groups(*, repeats: int, warmup: int, quick: bool) -> tuple[list[dic
     [0, 1], stejax takes a sigmoid of a logit. Spyx's loss sums the membrane over
     time, stejax's averages it (one division). Spyx runs its network step by step
     inside one scan; stejax scans each layer with its input products batched over
-    time (:func:`stejax.snn.forward`). Spyx runs under JAX's standard promotion.
+    time (:func:`stejax.snn.forward`), its parameters bound once outside the loop,
+    and each step checkpointed (recomputed in the backward pass rather than
+    stored: its default). Spyx runs under JAX's standard promotion.
 
     Returns:
       ``(groups, notes)``: one group per T with variants ``"stejax"`` and
@@ -80,8 +82,9 @@ def snn_peer_groups(*, repeats: int, warmup: int, quick: bool) -> tuple[list[dic
                     "spike function": "stejax fast_sigmoid(slope=25) == spyx superspike(k=25)",
                     "spyx": importlib.metadata.version("spyx"),
                     "differences": "Spyx fires from the previous step's membrane and differentiates its reset; "
-                    "stejax fires from the current membrane, stops the reset's gradient, and batches each "
-                    "layer's input products over time; Spyx sums the membrane over time, stejax averages it",
+                    "stejax fires from the current membrane, stops the reset's gradient, batches each "
+                    "layer's input products over time and checkpoints each step; Spyx sums the membrane over "
+                    "time, stejax averages it",
                 },
             )
         )
@@ -89,14 +92,15 @@ def snn_peer_groups(*, repeats: int, warmup: int, quick: bool) -> tuple[list[dic
 
 
 def build_steps(
-    *, n_steps: int, width: int = 128, batch: int = 64
+    *, n_steps: int, width: int = 128, batch: int = 64, checkpoint: bool = True
 ) -> tuple[dict[str, Any], dict[str, tuple[Any, ...]], list[str]]:
     """The two jitted training steps ``step(params, opt_state, x, y, key)`` and their arguments but the key.
 
     Returns:
       ``(steps, args, notes)``: ``steps["stejax"]`` and ``steps["spyx"]`` (jitted),
       ``args[name] = (params, opt_state, x, y)``, and the warnings Spyx/Flax raised
-      while building, as notes. Needs Spyx.
+      while building, as notes. ``checkpoint``: stejax's ``NetConfig.checkpoint``
+      (default True, the library's default). Needs Spyx.
     """
     import optax
     import spyx
@@ -112,7 +116,7 @@ def build_steps(
     y = jnp.asarray(digits.y[:batch].astype(np.int32))
     config = SNNTrainConfig(n_steps=n_steps, batch_size=batch)
     optimizer = make_optimizer(config, 20)
-    net = NetConfig(64, 10, hidden=(width, width), spike="fast_sigmoid")
+    net = NetConfig(64, 10, hidden=(width, width), spike="fast_sigmoid", checkpoint=checkpoint)
     params = init_net(net, key=jax.random.key(0))
     ours = jax.jit(make_train_step(net, config, optimizer))
 
