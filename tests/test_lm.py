@@ -256,7 +256,7 @@ def test_no_ste_trains_only_the_embedding_final_norm_and_head(tiny_model):
             logits = nnx.merge(graphdef, p, rest)(tokens[:, :-1])
             return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), tokens[:, 1:, None].astype(jnp.int32), -1))
 
-        flat = jax.tree_util.tree_flatten_with_path(nnx.to_pure_dict(jax.grad(loss)(params)))[0]
+        flat = jax.tree_util.tree_flatten_with_path(nnx.to_pure_dict(jax.jit(jax.grad(loss))(params)))[0]
         return {jax.tree_util.keystr(p): float(jnp.abs(g).max()) for p, g in flat}
 
     no_ste, ste = grads("w4a8_no_ste"), grads("w4a8")
