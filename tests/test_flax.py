@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import subprocess
 import sys
 
@@ -350,6 +351,24 @@ def _set_pact_alphas(model):
     for i, layer in enumerate(model.layers):
         if layer.activations is not None and layer.activations.name == "pact":
             layer.input_alpha[...] = jnp.full_like(layer.input_alpha[...], 0.3 + 0.2 * i)
+
+
+def test_digits_cnn_calibrate_sets_pact_clips_from_the_data_as_init_params_does():
+    # init_params' rule: alpha = Q_P * 2<|u|>/sqrt(Q_P), Q_P = 2^b - 1, layer by layer on the calibrated inputs.
+    model = DigitsCNN(PACT_QAT, SMALL, rngs=nnx.Rngs(0))
+    x = _x((16, 64), seed=3)
+    before = {i: float(layer.input_alpha[...]) for i, layer in enumerate(model.layers) if hasattr(layer, "input_alpha")}
+    assert before, "the configuration has PACT inputs"
+    model.calibrate(x)
+    for i in before:
+        mean_abs = float(jnp.mean(jnp.abs(model.layer_input(x, i))))
+        alpha = model.layers[i].input_alpha[...]
+        assert alpha.dtype == jnp.float32
+        assert float(alpha) == np.float32(15 * (2.0 * mean_abs / math.sqrt(15))), i
+        assert float(alpha) != before[i], i
+    # The LSQ step of the first layer is calibrated too (8-bit signed: Q_P = 127).
+    step = float(model.layers[0].input_step[...])
+    assert step == np.float32(2.0 * float(jnp.mean(jnp.abs(model.layer_input(x, 0)))) / math.sqrt(127))
 
 
 @pytest.mark.parametrize("name", [*(p for p in PRESETS if p != "w4a4_no_ste"), PACT_QAT.name])

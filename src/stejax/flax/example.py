@@ -141,22 +141,31 @@ class DigitsCNN(nnx.Module):
         return z
 
     def calibrate(self, x: jax.Array) -> None:
-        r"""Set each LSQ input step from data: :math:`2\langle|u|\rangle/\sqrt{Q_P}`, layer by layer.
+        r"""Set each LSQ input step and PACT clip from data, layer by layer.
 
-        Esser et al.'s initialisation, as :func:`stejax.model.init_params` does with
-        a calibration batch: layer :math:`i`'s inputs :math:`u` go through layers
-        :math:`0..i-1` with the steps already set. A mean of 0 keeps the step.
+        As :func:`stejax.model.init_params` does with a calibration batch: LSQ's
+        step :math:`2\langle|u|\rangle/\sqrt{Q_P}` (Esser et al.'s initialisation)
+        and PACT's clip :math:`\alpha = Q_P \cdot 2\langle|u|\rangle/\sqrt{Q_P}`
+        with :math:`Q_P = 2^b - 1`, the top of the range that step would give.
+        Layer :math:`i`'s inputs :math:`u` go through layers :math:`0..i-1` with the
+        values already set. A mean of 0 (or a non-finite one) keeps the value.
         """
         for i, layer in enumerate(self.layers):
             q = layer.activations
-            if q is None or q.name != "lsq":
+            if q is None or q.name not in ("lsq", "pact"):
                 continue
             mean_abs = float(jnp.mean(jnp.abs(self.layer_input(x, i))))
-            if math.isfinite(mean_abs) and mean_abs > 0:
+            if not (math.isfinite(mean_abs) and mean_abs > 0):
+                continue
+            if q.name == "lsq":
                 _, qp = lsq_levels(q.params["bits"], q.params["signed"])
                 layer.input_step[...] = jnp.asarray(  # type: ignore[union-attr]
                     2.0 * mean_abs / math.sqrt(qp), jnp.float32
                 )
+            else:
+                _, qp = lsq_levels(q.params["bits"], False)
+                alpha = getattr(layer, "input_alpha")  # noqa: B009 (a variable the Quant declares)
+                alpha[...] = jnp.full_like(alpha[...], qp * (2.0 * mean_abs / math.sqrt(qp)))
 
     def functional_params(self) -> dict[str, tuple[dict[str, jax.Array], ...]]:
         """The parameters as :func:`stejax.model.apply` takes them (:func:`stejax.flax.functional_params`)."""
