@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -54,6 +54,33 @@ def out_dir_option(help: str, *, required: bool = True) -> Callable[[F], F]:
 def epochs_option() -> Callable[[F], F]:
     """``--epochs N``, overriding a configuration's number of epochs."""
     return click.option("--epochs", type=click.IntRange(min=1), default=None, help="Override the number of epochs.")
+
+
+def seeds_option(help: str, *, default: int | None = None) -> Callable[[F], F]:
+    """``--seeds N``: seeds ``0..N-1``."""
+    return click.option(
+        "--seeds", type=click.IntRange(min=1), default=default, show_default=default is not None, help=help
+    )
+
+
+def configuration_names(
+    value: str | None, known: Sequence[str], *, option: str = "--configs"
+) -> tuple[str, ...] | None:
+    """A comma-separated list of configuration names, each one of ``known`` (None stays None).
+
+    Raises:
+      click.BadParameter: an unknown name, or no name at all, naming ``option`` and the known names.
+    """
+    if value is None:
+        return None
+    names = tuple(n.strip() for n in value.split(",") if n.strip())
+    unknown = [n for n in names if n not in known]
+    if unknown or not names:
+        raise click.BadParameter(
+            f"unknown configuration(s) {unknown or value!r}; expected names from {', '.join(known)}.",
+            param_hint=option,
+        )
+    return names
 
 
 def guarded(run: Callable[[], T]) -> T:

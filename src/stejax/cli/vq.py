@@ -7,6 +7,8 @@ from pathlib import Path
 import click
 from rich.console import Console
 
+from stejax.cli._common import configuration_names, epochs_option, out_dir_option, seeds_option
+
 __all__ = ["vq_group"]
 
 
@@ -16,15 +18,10 @@ def vq_group() -> None:
 
 
 @vq_group.command("compare")
-@click.option(
-    "--out",
-    type=click.Path(file_okay=False, path_type=Path),
-    required=True,
-    help="Folder for report.md, report.json and the pictures.",
-)
+@out_dir_option("Folder for report.md, report.json and the pictures.")
 @click.option("--quick", is_flag=True, default=False, help="The smoke-test tier: 2 seeds, 2 epochs.")
-@click.option("--seeds", type=click.IntRange(min=1), default=None, help="Seeds 0..N-1 (default 3; 2 with --quick).")
-@click.option("--epochs", type=click.IntRange(min=1), default=None, help="Override the number of epochs.")
+@seeds_option("Seeds 0..N-1 (default 3; 2 with --quick).")
+@epochs_option()
 @click.option(
     "--configs",
     default=None,
@@ -65,17 +62,9 @@ def compare_command(
         settings = dataclasses.replace(settings, epochs=epochs)
     if codebook_init_scale is not None:
         settings = dataclasses.replace(settings, codebook_init_scale=codebook_init_scale)
-    chosen = CONFIGURATIONS
-    if configs is not None:
-        by_name = {c.name: c for c in CONFIGURATIONS}
-        names = [n.strip() for n in configs.split(",") if n.strip()]
-        unknown = [n for n in names if n not in by_name]
-        if unknown or not names:
-            raise click.BadParameter(
-                f"unknown configuration(s) {unknown or configs!r}; expected names from {', '.join(by_name)}.",
-                param_hint="--configs",
-            )
-        chosen = tuple(by_name[n] for n in names)
+    by_name = {c.name: c for c in CONFIGURATIONS}
+    names = configuration_names(configs, list(by_name))
+    chosen = CONFIGURATIONS if names is None else tuple(by_name[n] for n in names)
     console = Console()
     report = compare(settings, configurations=chosen, progress=console.print)
     paths = write_report(report, out)
