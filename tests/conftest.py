@@ -30,7 +30,12 @@ FLOAT_DTYPES = (np.float16, ml_dtypes.bfloat16, np.float32)
 
 # Helper modules of tests/ whose results are cached per process -> the unit their users share
 # (signing_support builds on artifact_runs). A module that imports several goes with the first listed.
-SHARED_CACHES = {"artifact_runs": "artifact_runs", "signing_support": "artifact_runs", "serve_support": "serve_support"}
+SHARED_CACHES = {
+    "artifact_runs": "artifact_runs",
+    "signing_support": "artifact_runs",
+    "serve_support": "serve_support",
+    "mesh_support": "mesh_support",
+}
 _IMPORTS = re.compile(r"^\s*(?:import|from)\s+(" + "|".join(SHARED_CACHES) + r")\b", re.MULTILINE)
 _SHARED_FIXTURE = re.compile(r"""@pytest\.fixture\([^)]*scope\s*=\s*["'](?:module|class|package)["']""")
 

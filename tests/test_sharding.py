@@ -1,10 +1,10 @@
 """Data parallel on 8 host devices: training and every catalog estimator, sharded against one device.
 
-XLA's device count is fixed when JAX starts, so the work runs once, in a
-subprocess started with ``XLA_FLAGS=--xla_force_host_platform_device_count=8``
-(this file run as a script, :func:`main`); it prints one JSON document, and the
-tests below judge it. The subprocess applies the suite's strict settings
-(dtype promotion "strict", rank promotion "raise").
+XLA's device count is fixed when JAX starts, so the work (:func:`mesh_work`) runs
+once, in the 8-device subprocess of ``tests/mesh_support.py``, which it shares with
+``tests/test_sharding_nonfinite.py``; the tests below judge the JSON it returns. The
+subprocess applies the suite's strict settings (dtype promotion "strict", rank
+promotion "raise").
 
 Stated tolerances, and why:
 
@@ -40,15 +40,13 @@ from __future__ import annotations
 
 import functools
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-N_DEVICES = 8
+from mesh_support import N_DEVICES, mesh_results
+
 ROWS = 16
 STEPS = 12
 PRESETS_FORCED = ("float", "w4a4", "w1a1")
@@ -292,19 +290,15 @@ def _estimators(out: dict) -> None:
     out["estimators"] = results
 
 
-def main() -> None:
+def mesh_work(out: dict) -> None:
+    """The work on 8 devices, run by ``tests/mesh_support.py``'s subprocess; fills ``out`` for the tests."""
     import tempfile
 
-    import jax
-
-    jax.config.update("jax_numpy_dtype_promotion", "strict")
-    jax.config.update("jax_numpy_rank_promotion", "raise")
-    out = {"device_count": jax.device_count(), "trajectory": {}}
+    out["trajectory"] = {}
     _estimators(out)
     _trajectories(out)
     with tempfile.TemporaryDirectory() as tmp:
         _training(out, Path(tmp))
-    print(json.dumps(out))
 
 
 # ----------------------------------------------------------------------------- the tests
@@ -312,14 +306,7 @@ def main() -> None:
 
 @pytest.fixture(scope="module")
 def results() -> dict:
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={N_DEVICES}".strip()
-    env["JAX_PLATFORMS"] = "cpu"
-    done = subprocess.run(
-        [sys.executable, __file__], env=env, capture_output=True, text=True, timeout=600, cwd=Path(__file__).parent
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return mesh_results("test_sharding")
 
 
 def _catalog_names() -> list[str]:
@@ -458,8 +445,3 @@ def test_cli_checks_the_coordinator_flags_before_initialising(tmp_path, monkeypa
     assert result.exception is None or isinstance(result.exception, SystemExit)
     result = CliRunner().invoke(cli, ["train", "--preset", "float", "--coordinator", "127.0.0.1", "--out", "r"])
     assert result.exit_code == 2 and "expected HOST:PORT" in " ".join(result.output.split()), result.output
-
-
-if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).parent))
-    main()

@@ -3,23 +3,18 @@
 On a mesh the guard reads each step's finite flag from sharded metrics and, when
 it is False, recomputes the failing step on one device from host copies (the
 gathered parameters when they are sharded) to name the first non-finite leaf.
-XLA's device count is fixed when JAX starts, so the cases run in ONE subprocess
-started with ``--xla_force_host_platform_device_count=8`` (this file run as a
-script); it prints one JSON document that the tests judge.
+XLA's device count is fixed when JAX starts, so the cases (:func:`mesh_work`) run
+in the one 8-device subprocess of ``tests/mesh_support.py``, after
+``tests/test_sharding.py``'s work; the tests judge the JSON it returns. The
+configuration is that module's one-epoch w4a4 run, so the subprocess reuses its
+compiled steps instead of compiling its own.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
-N_DEVICES = 8
-
+from mesh_support import N_DEVICES, mesh_results
 
 # ----------------------------------------------------------------------------- the subprocess
 
@@ -43,18 +38,15 @@ def _caught(call) -> dict:
     return {"raised": False, "epochs": len(result.history)}
 
 
-def main() -> None:
-    import jax
-
+def mesh_work(out: dict) -> None:
+    """The poisoned runs on 8 devices, run by ``tests/mesh_support.py``'s subprocess; fills ``out``."""
     from stejax.train import TrainConfig, data_mesh, load_splits, train
     from stejax.train import _loop as loop
 
-    jax.config.update("jax_numpy_dtype_promotion", "strict")
-    jax.config.update("jax_numpy_rank_promotion", "raise")
-    config = TrainConfig(model="mlp", hidden=(16,), dropout=0.0, batch_size=64, epochs=1, patience=None, preset="w4a4")
+    # test_sharding's one-epoch w4a4 configuration (its _config("w4a4", epochs=1)): the same compiled steps.
+    config = TrainConfig(model="mlp", hidden=(32,), dropout=0.1, batch_size=64, epochs=1, patience=None, preset="w4a4")
     splits = load_splits(config)
     mesh = data_mesh(N_DEVICES)
-    out: dict = {"device_count": jax.device_count()}
 
     # A NaN in a parameter from the start: the first step meets it, replicated and sharded.
     real_init = loop.init_params
@@ -89,7 +81,6 @@ def main() -> None:
 
     # The same data and configuration, nothing poisoned: the run ends normally on the mesh.
     out["clean"] = _caught(lambda: train(config, splits=splits, mesh=mesh))
-    print(json.dumps(out))
 
 
 # ----------------------------------------------------------------------------- the tests
@@ -97,18 +88,7 @@ def main() -> None:
 
 @pytest.fixture(scope="module")
 def results() -> dict:
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={N_DEVICES}".strip()
-    env["JAX_PLATFORMS"] = "cpu"
-    done = subprocess.run(
-        [sys.executable, __file__], env=env, capture_output=True, text=True, timeout=600, cwd=Path(__file__).parent
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
-def test_the_subprocess_has_eight_devices(results):
-    assert results["device_count"] == N_DEVICES
+    return mesh_results("test_sharding_nonfinite")
 
 
 @pytest.mark.parametrize("layout", ["replicated", "sharded"])
@@ -129,8 +109,3 @@ def test_a_nan_appearing_mid_run_on_a_mesh_names_the_step_that_met_it(results):
 def test_the_same_run_without_poison_finishes(results):
     # The guard fires on NaN, not on the mesh itself.
     assert results["clean"] == {"raised": False, "epochs": 1}
-
-
-if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).parent))
-    main()
