@@ -266,3 +266,47 @@ def test_no_ste_trains_only_the_embedding_final_norm_and_head(tiny_model):
     assert sorted(outside) == sorted(["['embed']['embedding']", "['final_norm']['scale']", "['head']['kernel']"])
     assert all(no_ste[k] > 0 for k in outside)
     assert all(ste[k] > 0 for k in blocks), "with an STE every block parameter gets a gradient"
+
+
+@pytest.mark.parametrize(
+    ("kind", "bits", "group"), [("w", 8, None), ("w", 4, 32), ("w", 4, None), ("a", 8, None), ("a", 4, None)]
+)
+def test_declared_identity_gradient_equals_the_composed_ste(kind, bits, group):
+    """Where the clip never acts, the quantisers declare the identity gradient: the same forward bit for bit,
+    and the composed form's gradient (round_ste, jnp.clip's mask, the scale products) up to s * (1/s), except
+    at a code equal to the clip's top, where jnp.clip (a minimum) splits a tie and passes half."""
+    from stejax.lm._quantisers import _int_weights, _per_token, activation_quantiser, weight_quantiser, weight_scale
+
+    rng = np.random.default_rng(bits)
+    # A wide spread, exact ties and an all-zero column (the scale's floor).
+    x = jnp.asarray(rng.standard_normal((64, 48)) * np.exp(rng.uniform(-6, 6, (1, 48))), jnp.float32)
+    x = x.at[:, 0].set(0.0).at[1, 1].set(x[2, 1] * 0.5)
+    top = 2 ** (bits - 1) - 1
+    if kind == "w":
+        declared = weight_quantiser(bits, group=group)
+        composed = lambda v: _int_weights(v, bits=bits, group=group, ste=True)  # noqa: E731
+        codes = jnp.round(x * (1 / weight_scale(x, bits, group)))
+    else:
+        declared, composed = activation_quantiser(bits), lambda v: _per_token(v, bits=bits, ste=True)
+        codes = jnp.round(x * (top / jnp.maximum(jnp.max(jnp.abs(x), axis=-1, keepdims=True), 1e-5)))
+    g = jnp.asarray(rng.standard_normal(x.shape), jnp.float32)
+    y1, vjp1 = jax.vjp(jax.jit(declared), x)
+    y2, vjp2 = jax.vjp(jax.jit(composed), x)
+    np.testing.assert_array_equal(np.asarray(y1), np.asarray(y2))
+    (g1,), (g2,) = vjp1(g), vjp2(g)
+    np.testing.assert_array_equal(np.asarray(g1), np.asarray(g))  # the identity, exactly
+    assert int(jnp.abs(codes).max()) == top and bool((codes >= -top).all())  # the clip's bottom is never reached
+    expected = np.where(np.asarray(codes) == top, 0.5, 1.0) * np.asarray(g)
+    np.testing.assert_allclose(np.asarray(g2), expected, rtol=4e-7, atol=0)
+
+
+def test_two_bit_weights_keep_the_clipped_gradient():
+    """At 2 bits the code 2 is clipped to 1: there the gradient is zero (the composed form is kept); a code on
+    either bound (-2, 1) gets half of it (jnp.clip splits the tie), an inner code all of it."""
+    from stejax.lm._quantisers import weight_quantiser
+
+    w = jnp.array([[1.5], [0.2], [-1.5], [0.9], [-0.7]], jnp.float32)  # scale 1: codes 2 -> 1, 0, -2, 1, -1
+    y, vjp = jax.vjp(weight_quantiser(2, group=None), w)
+    (g,) = vjp(jnp.ones_like(w))
+    assert y.ravel().tolist() == [1.0, 0.0, -2.0, 1.0, -1.0]
+    assert g.ravel().tolist() == [0.0, 1.0, 0.5, 0.5, 1.0]

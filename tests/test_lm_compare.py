@@ -10,6 +10,7 @@ from click.testing import CliRunner
 
 from stejax.cli import main
 from stejax.lm import QUICK, LMConfig, compare_lm
+from stejax.lm._train import make_optimizer
 
 TINY = LMConfig(context=16, width=32, depth=1, heads=2, hidden=64)
 
@@ -25,12 +26,14 @@ def corpus_dir(tmp_path_factory):
 
 
 def test_report_json_shape(tmp_path, corpus_dir):
+    """The report's fields; the no-STE target row judges the checkpoint pairing and carries the from-scratch one;
+    post-training quantisation rows; the weight decay's shrink of the zero-gradient block kernels."""
     settings = QUICK.replace(
         model=TINY,
         float_steps=3,
         finetune_steps=2,
-        configs=("float",),
-        scratch=("w1.58a8",),
+        configs=("float", "w4a8", "w4a8_no_ste"),
+        scratch=("w4a8", "w4a8_no_ste"),
         batch_size=4,
         eval_bytes=512,
         eval_every=100,
@@ -40,22 +43,42 @@ def test_report_json_shape(tmp_path, corpus_dir):
     report = compare_lm(settings, out_dir=tmp_path, corpus=corpus_dir)
     on_disk = json.loads((tmp_path / "report.json").read_text())
     assert on_disk["summary"] == report["summary"]
-    assert set(report["summary"]) == {"float", "w1.58a8_scratch"}
+    names = {"float", "w4a8", "w4a8_no_ste", "w4a8_scratch", "w4a8_no_ste_scratch"}
+    assert set(report["summary"]) == names
     for row in report["summary"].values():
         assert set(row) == {"test_bpb_mean", "test_bpb_std", "delta_vs_float_pct", "step_ms_median"}
         assert all(np.isfinite(v) for v in row.values())
-    assert report["summary"]["float"]["delta_vs_float_pct"] == 0.0
+    s = report["summary"]
+    assert s["float"]["delta_vs_float_pct"] == 0.0
     assert [r["seed"] for r in report["per_seed"]["float"]] == [0]
     assert {"ngram-1", "ngram-2", "ngram-3", "ngram-4", "zlib", "bz2", "xz"} == set(report["references"])
     assert set(report["corpus"]["sha256"]) == {"train", "validation", "test"}
     assert sum(len(v) for v in report["corpus"]["files"].values()) == 80
-    assert set(report["samples"]["text"]) == {"float", "w1.58a8_scratch"}
+    assert set(report["samples"]["text"]) == names
     assert report["targets"]["judged"] is False
-    assert set(report["targets"]["rows"]) == {"float < ngram-3"}  # no configuration with a bpb target ran
+    rows = report["targets"]["rows"]
+    key = "w4a8_no_ste >= every STE configuration + 0.2 bpb"
+    assert set(rows) == {"float < ngram-3", "w4a8 delta <= 2.0%", key}
+    row = rows[key]
+    assert row["pairing"].startswith("judged from the float checkpoint") and row["worst_ste"] == "w4a8"
+    assert row["measured"] == s["w4a8_no_ste"]["test_bpb_mean"] - s["w4a8"]["test_bpb_mean"]
+    other = row["other_pairing"]
+    assert other["pairing"] == "from scratch" and other["worst_ste"] == "w4a8_scratch"
+    assert other["measured"] == s["w4a8_no_ste_scratch"]["test_bpb_mean"] - s["w4a8_scratch"]["test_bpb_mean"]
+    # w4a8_no_ste's forward is w4a8's: post-training quantisation is scored once, under w4a8.
+    assert set(report["ptq"]) == {"w4a8"} and len(report["ptq"]["w4a8"]["per_seed"]) == 1
+    # Zero gradient, but AdamW's decoupled decay still shrinks the block kernels: by prod(1 - lr_t * wd).
+    _, finetune, scratch = settings.schedules()
+    for name, schedule in (("w4a8_no_ste", finetune), ("w4a8_no_ste_scratch", scratch)):
+        lrs = make_optimizer(schedule)[1]
+        shrink = float(np.prod([1 - float(lrs(t)) * schedule.weight_decay for t in range(schedule.steps)]))
+        assert shrink < 1
+        assert report["per_seed"][name][0]["block_kernel_norm_ratio"] == pytest.approx(shrink, rel=1e-5)
     assert {"python", "jax", "flax", "load_average_at_start"} <= set(report["environment"])
     md = (tmp_path / "report.md").read_text()
-    assert "| `w1.58a8_scratch` |" in md and "ngram-3" in md
-    assert (tmp_path / "seed0" / "w1.58a8_scratch" / "metrics.jsonl").exists()
+    assert "| `w4a8_scratch` |" in md and "ngram-3" in md
+    assert "from scratch: w4a8_no_ste_scratch - w4a8_scratch" in md
+    assert (tmp_path / "seed0" / "w4a8_no_ste_scratch" / "metrics.jsonl").exists()
 
 
 def test_train_export_sample_commands(tmp_path, corpus_dir):
@@ -127,3 +150,11 @@ def test_seeds_in_worker_processes_give_the_same_figures_and_extras_are_fine_tun
         compare_lm(settings, out_dir=tmp_path / "x", corpus=corpus_dir, extra={"w8a8": stejax_w4_weight_only})
     with pytest.raises(ValueError, match="finetune_learning_rates names"):
         settings.replace(finetune_learning_rates={"w9": 1e-3})
+    with pytest.raises(ValueError, match="finetune_weight_decays must be >= 0"):
+        settings.replace(finetune_weight_decays={"w1.58a8": -0.1})
+    with pytest.raises(ValueError, match=r"finetune_min_lr_ratios must lie in \[0, 1\]"):
+        settings.replace(finetune_min_lr_ratios={"w1.58a8": 1.5})
+    recipe = settings.replace(finetune_weight_decays={"w1.58a8": 0.0}, finetune_min_lr_ratios={"w1.58a8": 0.0})
+    tuned, other = (recipe.finetune_for(n, settings.schedules()[1]) for n in ("w1.58a8", "w4a8"))
+    assert (tuned.weight_decay, tuned.learning_rate, tuned.min_lr_ratio) == (0.0, 5e-3, 0.0)
+    assert (other.weight_decay, other.learning_rate, other.min_lr_ratio) == (0.1, 3e-3, 0.1)

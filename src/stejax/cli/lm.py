@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from stejax.cli._common import guarded, progress_bar
+from stejax.cli._common import configuration_names, directory, guarded, out_dir_option, progress_bar, seeds_option
 
 __all__ = ["lm_group"]
 
@@ -24,26 +24,13 @@ def lm_group() -> None:
     """A quantised byte-level transformer LM: w8a8 down to BitNet b1.58 ternary."""
 
 
-def _names(value: str | None, option: str) -> tuple[str, ...] | None:
-    if value is None:
-        return None
-    names = tuple(n.strip() for n in value.split(",") if n.strip())
-    unknown = [n for n in names if n not in _CONFIG_NAMES]
-    if unknown or not names:
-        raise click.BadParameter(
-            f"unknown configuration(s) {unknown or value!r}; expected names from {', '.join(_CONFIG_NAMES)}.",
-            param_hint=option,
-        )
-    return names
-
-
 @lm_group.command("train")
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True, help="The run directory.")
+@out_dir_option("The run directory.")
 @click.option("--config", "config_name", type=click.Choice(_CONFIG_NAMES), default="float", show_default=True)
 @click.option(
     "--from",
     "from_run",
-    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    type=directory(exists=True),
     default=None,
     help="Start from this run's parameters (QAT from a float checkpoint).",
 )
@@ -162,13 +149,18 @@ def train_command(
 
 
 @lm_group.command("compare")
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True, help="Folder for the report.")
+@out_dir_option("Folder for the report.")
 @click.option("--quick", is_flag=True, default=False, help="The smoke-test tier (a few minutes on 2 cores).")
-@click.option("--seeds", type=click.IntRange(min=1), default=None, help="Seeds 0..N-1 (quick: 1, full: 2).")
+@seeds_option("Seeds 0..N-1 (quick: 1, full: 2).")
 @click.option("--steps", type=click.IntRange(min=1), default=None, help="Float pre-training steps.")
 @click.option("--finetune-steps", type=click.IntRange(min=1), default=None, help="QAT fine-tuning steps.")
 @click.option("--configs", default=None, metavar="NAME,...", help="Only these configurations (float is always run).")
-@click.option("--scratch", default=None, metavar="NAME,...", help="Also train these from scratch (default w1.58a8).")
+@click.option(
+    "--scratch",
+    default=None,
+    metavar="NAME,...",
+    help="Also train these from scratch (default: quick w1.58a8; full w1.58a8, w4a8, w4a8_no_ste).",
+)
 @click.option("--corpus", type=click.Path(exists=True, path_type=Path), default=None, help="A directory or text file.")
 @click.option(
     "--workers",
@@ -210,10 +202,10 @@ def compare_command(
         changes["float_steps"] = steps
     if finetune_steps is not None:
         changes["finetune_steps"] = finetune_steps
-    chosen = _names(configs, "--configs")
+    chosen = configuration_names(configs, _CONFIG_NAMES, option="--configs")
     if chosen is not None:
         changes["configs"] = ("float", *(c for c in chosen if c != "float"))
-    scratch_names = _names(scratch, "--scratch") if scratch != "" else ()
+    scratch_names = configuration_names(scratch, _CONFIG_NAMES, option="--scratch") if scratch != "" else ()
     if scratch_names is not None:
         changes["scratch"] = scratch_names
     settings = settings.replace(**changes)
@@ -258,7 +250,7 @@ def compare_command(
 
 
 @lm_group.command("export")
-@click.argument("run", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument("run", type=directory(exists=True))
 @click.option("--out", type=click.Path(path_type=Path), required=True, help="The artifact directory (must not exist).")
 def export_command(run: Path, out: Path) -> None:
     """Pack RUN's weights at their bit width into an artifact (safetensors, manifest, hashes)."""
@@ -284,7 +276,7 @@ def export_command(run: Path, out: Path) -> None:
 
 
 @lm_group.command("sample")
-@click.option("--artifact", type=click.Path(exists=True, file_okay=False, path_type=Path), required=True)
+@click.option("--artifact", type=directory(exists=True), required=True)
 @click.option("--prompt", required=True, help="The text to continue.")
 @click.option("--tokens", type=click.IntRange(min=1), default=48, show_default=True)
 @click.option("--temperature", type=click.FloatRange(min=0), default=0.8, show_default=True)

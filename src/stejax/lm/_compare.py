@@ -6,8 +6,19 @@ and fine-tunes for ``finetune_steps``; the float baseline continues for the same
 ``finetune_steps`` on the same fine-tuning schedule, so every configuration sees
 ``float_steps + finetune_steps`` steps in all. ``w1.58a8`` is also trained from
 scratch (quantised from initialisation) for that whole budget on the main
-schedule (``w1.58a8_scratch``). Everything is scored on the same test text (the
-first ``eval_bytes`` of the test split), as are the references.
+schedule (``w1.58a8_scratch``), and so, in the full tier, are ``w4a8`` and the
+no-STE control ``w4a8_no_ste``, so that the control is also seen beside its STE
+counterpart from the same start. Every quantised configuration is also scored
+straight after quantisation, with no fine-tuning (``ptq``: post-training
+quantisation of the float checkpoint). Everything is scored on the same test
+text (the first ``eval_bytes`` of the test split), as are the references.
+
+The no-STE control from the checkpoint: plain rounding gives every block
+parameter a zero gradient, so only the embedding, the final RMSNorm and the
+head train; AdamW's decoupled weight decay still acts on the block kernels
+(matrices), which shrink uniformly by :math:`\prod_t (1 - \eta_t \lambda)`
+(recorded per run as ``block_kernel_norm_ratio``). With absmax scales the codes
+do not change; each dequantised kernel scales by that factor.
 
 ``delta_vs_float_pct`` is the relative increase of the mean test bits per byte
 over float's, :math:`100\,(b - b_{float}) / b_{float}`.
@@ -17,8 +28,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import platform
+import re
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -56,6 +69,8 @@ class CompareSettings:
       seeds: one run of everything per seed.
       configs: configuration names (``float`` first).
       scratch: configurations also trained from scratch for the whole budget.
+      ptq: also score every quantised configuration of ``configs`` straight after quantisation of the
+        float checkpoint, with no fine-tuning (``report["ptq"]``).
       batch_size: windows per step.
       learning_rate: the float (and from-scratch) peak learning rate.
       finetune_learning_rate: the fine-tuning peak learning rate (float's continuation and every
@@ -64,6 +79,10 @@ class CompareSettings:
         ``finetune_learning_rate`` (ternary weights want a larger one).
       warmup_fraction: the float (and from-scratch) warm-up, as a fraction of its steps.
       finetune_warmup_fraction: every fine-tuning's fresh warm-up, as a fraction of its steps.
+      finetune_weight_decays: AdamW's weight decay per configuration name for its fine-tuning, overriding
+        :class:`~stejax.lm.TrainSettings`' default (0.1) there.
+      finetune_min_lr_ratios: the cosine's final learning rate over the peak per configuration name for its
+        fine-tuning, overriding :class:`~stejax.lm.TrainSettings`' default (0.1) there.
       eval_bytes: bytes of the test split scored (None: all of it).
       eval_every: steps between validation evaluations.
       corpus_max_bytes: cap on the corpus (None: all of it).
@@ -79,12 +98,15 @@ class CompareSettings:
     seeds: tuple[int, ...] = (0,)
     configs: tuple[str, ...] = tuple(CONFIGS)
     scratch: tuple[str, ...] = ("w1.58a8",)
+    ptq: bool = True
     batch_size: int = 32
     learning_rate: float = 1e-2
     finetune_learning_rate: float = 3e-3
     finetune_learning_rates: Mapping[str, float] = dataclasses.field(default_factory=dict)
     warmup_fraction: float = 0.1
     finetune_warmup_fraction: float = 0.1
+    finetune_weight_decays: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    finetune_min_lr_ratios: Mapping[str, float] = dataclasses.field(default_factory=dict)
     eval_bytes: int | None = 65536
     eval_every: int = 100
     corpus_max_bytes: int | None = None
@@ -100,9 +122,16 @@ class CompareSettings:
             raise ValueError("CompareSettings: configs must include 'float' (every delta is relative to it).")
         if not self.seeds:
             raise ValueError("CompareSettings: at least one seed is needed.")
-        odd = [n for n in self.finetune_learning_rates if n not in CONFIGS]
-        if odd:
-            raise ValueError(f"CompareSettings: finetune_learning_rates names {odd}; expected among {list(CONFIGS)}.")
+        for field in ("finetune_learning_rates", "finetune_weight_decays", "finetune_min_lr_ratios"):
+            odd = [n for n in getattr(self, field) if n not in CONFIGS]
+            if odd:
+                raise ValueError(f"CompareSettings: {field} names {odd}; expected among {list(CONFIGS)}.")
+        negative = {n: v for n, v in self.finetune_weight_decays.items() if not v >= 0}
+        if negative:
+            raise ValueError(f"CompareSettings: finetune_weight_decays must be >= 0; got {negative}.")
+        outside = {n: v for n, v in self.finetune_min_lr_ratios.items() if not 0 <= v <= 1}
+        if outside:
+            raise ValueError(f"CompareSettings: finetune_min_lr_ratios must lie in [0, 1]; got {outside}.")
         for name in ("warmup_fraction", "finetune_warmup_fraction"):
             if not 0 <= getattr(self, name) <= 1:
                 raise ValueError(f"CompareSettings: `{name}` must lie in [0, 1]; got {getattr(self, name)!r}.")
@@ -131,9 +160,13 @@ class CompareSettings:
         return main, finetune, scratch
 
     def finetune_for(self, name: str, finetune: TrainSettings) -> TrainSettings:
-        """``finetune`` with ``name``'s own learning rate where ``finetune_learning_rates`` gives one."""
+        """``finetune`` with ``name``'s own peak and final learning rates and weight decay where the maps give them."""
         if name in self.finetune_learning_rates:
-            return dataclasses.replace(finetune, learning_rate=self.finetune_learning_rates[name])
+            finetune = dataclasses.replace(finetune, learning_rate=self.finetune_learning_rates[name])
+        if name in self.finetune_weight_decays:
+            finetune = dataclasses.replace(finetune, weight_decay=self.finetune_weight_decays[name])
+        if name in self.finetune_min_lr_ratios:
+            finetune = dataclasses.replace(finetune, min_lr_ratio=self.finetune_min_lr_ratios[name])
         return finetune
 
     def to_dict(self) -> dict[str, Any]:
@@ -141,6 +174,8 @@ class CompareSettings:
         out = dataclasses.asdict(self)
         out["model"] = self.model.to_dict()
         out["finetune_learning_rates"] = dict(self.finetune_learning_rates)
+        out["finetune_weight_decays"] = dict(self.finetune_weight_decays)
+        out["finetune_min_lr_ratios"] = dict(self.finetune_min_lr_ratios)
         return out
 
     def replace(self, **changes: Any) -> CompareSettings:
@@ -170,6 +205,7 @@ FULL = CompareSettings(
     float_steps=600,
     finetune_steps=200,
     seeds=(0, 1),
+    scratch=("w1.58a8", "w4a8", "w4a8_no_ste"),
     batch_size=16,
     eval_bytes=131072,
     eval_every=200,
@@ -243,6 +279,7 @@ def compare_lm(
 
     names = [*settings.configs, *extra, *(f"{c}_scratch" for c in settings.scratch)]
     per_seed: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
+    ptq_per_seed: dict[str, list[float]] = {}
     samples: dict[str, str] = {}
     total = settings.float_steps + settings.finetune_steps
     if workers > 1 and len(settings.seeds) > 1:
@@ -253,7 +290,10 @@ def compare_lm(
         results = [_run_seed(settings, seed, data.data, text, out, emit, extra) for seed in settings.seeds]
     for seed, (records, seed_samples) in zip(settings.seeds, results, strict=True):
         for name, record in records.items():
-            per_seed[name].append(record)
+            if name.endswith("_ptq"):
+                ptq_per_seed.setdefault(name.removesuffix("_ptq"), []).append(record["test_bpb"])
+            else:
+                per_seed[name].append(record)
         if seed == settings.seeds[0]:
             samples.update(seed_samples)
     summary = _summary(per_seed)
@@ -261,6 +301,7 @@ def compare_lm(
         "tier": settings.tier,
         "summary": summary,
         "per_seed": per_seed,
+        "ptq": _ptq_summary(ptq_per_seed, summary["float"]["test_bpb_mean"]),
         "references": refs,
         "targets": _targets(summary, refs, settings),
         "samples": {
@@ -282,7 +323,12 @@ def compare_lm(
             "w4a8_no_ste_trains": "only the embedding, the final RMSNorm and the output head: plain rounding gives "
             "zero gradient to every quantised weight and, through the rounded inputs, to everything before them in "
             "the blocks (the RMSNorms feeding q, k, v, o, gate, up, down); the residual stream still carries the "
-            "embedding's gradient to the head (tested in tests/test_lm.py)",
+            "embedding's gradient to the head (tested in tests/test_lm.py). AdamW's decoupled weight decay still "
+            "shrinks the block kernels (zero gradient, but matrices): per_seed[...]['block_kernel_norm_ratio'] "
+            "records the factor; the absmax codes do not change, each dequantised kernel scales by it. From the "
+            "checkpoint this control is therefore post-training quantisation (report['ptq']['w4a8']) plus a "
+            "fine-tune of the embedding, final norm and head; from scratch (w4a8_no_ste_scratch) the blocks keep "
+            "their initial weights (shrunk by the decay)",
             "budget": f"float {settings.float_steps} steps, then {settings.finetune_steps} fine-tuning steps for every "
             f"configuration (float continues); from scratch: {total} steps",
         },
@@ -319,6 +365,8 @@ def _run_seed(
     for name, k in zip(settings.configs, tune_keys, strict=True):
         emit({"event": "train", "config": name, "seed": seed, "steps": settings.finetune_steps})
         model = quantize_lm(base.model, name)
+        if settings.ptq and name != "float" and CONFIGS[name].ste:  # no-STE's forward is its STE twin's
+            records[f"{name}_ptq"] = {"seed": seed, "test_bpb": bits_per_byte(model, text)}
         run = train_lm(
             model,
             data["train"],
@@ -327,7 +375,7 @@ def _run_seed(
             key=k,
             out_dir=out / f"seed{seed}" / name,
         )
-        records[name] = _record(seed, run, text, base.history)
+        records[name] = {**_record(seed, run, text, base.history), **_kernel_ratio(model, run.model)}
         samples[name] = _sample(run.model, settings, k_sample)
     for i, (name, make) in enumerate(extra.items()):
         emit({"event": "train", "config": name, "seed": seed, "steps": settings.finetune_steps})
@@ -347,7 +395,7 @@ def _run_seed(
         emit({"event": "train", "config": label, "seed": seed, "steps": scratch.steps})
         model = quantize_lm(fresh, name)
         run = train_lm(model, data["train"], data["validation"], scratch, key=k, out_dir=out / f"seed{seed}" / label)
-        records[label] = _record(seed, run, text, ())
+        records[label] = {**_record(seed, run, text, ()), **_kernel_ratio(model, run.model)}
         samples[label] = _sample(run.model, settings, k_sample)
     return records, samples
 
@@ -398,6 +446,38 @@ def _record(seed: int, run: Any, text: np.ndarray, before: tuple[dict[str, float
     }
 
 
+def _kernel_ratio(before: nnx.Module, after: nnx.Module) -> dict[str, float]:
+    """``block_kernel_norm_ratio``: :math:`\\lVert W_{after} \rVert / \\lVert W_{before} \rVert` over every
+    quantised block kernel together (the weight decay's shrink where the gradient is zero)."""
+
+    def norm(model: nnx.Module) -> float:
+        flat = jax.tree_util.tree_flatten_with_path(nnx.to_pure_dict(nnx.state(model, nnx.Param)))[0]
+        total = 0.0
+        for path, leaf in flat:
+            name = "/".join(str(getattr(p, "key", p)) for p in path)
+            if name.endswith("/kernel") and re.fullmatch(SITES, name.removesuffix("/kernel")):
+                total += float(np.sum(np.square(np.asarray(leaf, np.float64))))
+        return math.sqrt(total)
+
+    return {"block_kernel_norm_ratio": norm(after) / norm(before)}
+
+
+def _ptq_summary(per_seed: Mapping[str, list[float]], float_mean: float) -> dict[str, dict[str, Any]]:
+    """Test bpb of each configuration quantised from the float checkpoint without fine-tuning."""
+    out: dict[str, dict[str, Any]] = {}
+    for name, values in per_seed.items():
+        bpb = np.array(values)
+        out[name] = {
+            "test_bpb_mean": float(bpb.mean()),
+            "test_bpb_std": float(bpb.std()),
+            "delta_vs_float_pct": float(100 * (bpb.mean() - float_mean) / float_mean),
+            "per_seed": [float(v) for v in bpb],
+            "what": "the float checkpoint (before float's continuation) quantised, no fine-tuning; delta against "
+            "the float baseline after the whole budget",
+        }
+    return out
+
+
 def _sample(model: nnx.Module, settings: CompareSettings, key: jax.Array) -> str:
     prompt = settings.prompt.encode("utf-8")
     tokens = min(settings.sample_tokens, settings.model.context - len(prompt))
@@ -434,16 +514,31 @@ def _targets(
         if name in summary:
             delta = summary[name]["delta_vs_float_pct"]
             rows[f"{name} delta <= {bound}%"] = {"measured": delta, "bound": bound, "met": delta <= bound}
-    if "w4a8_no_ste" in summary:
-        ste = [n for n in summary if n in CONFIGS and n not in ("float", "w4a8_no_ste")]
-        if ste:
-            worst = max(summary[n]["test_bpb_mean"] for n in ste)
-            gap = summary["w4a8_no_ste"]["test_bpb_mean"] - worst
-            rows[f"w4a8_no_ste >= every STE configuration + {NO_STE_MARGIN_BPB} bpb"] = {
-                "measured": gap,
-                "bound": NO_STE_MARGIN_BPB,
-                "met": gap >= NO_STE_MARGIN_BPB,
-            }
+    pairings = {
+        "from the float checkpoint": ("w4a8_no_ste", [n for n in summary if n in CONFIGS and CONFIGS[n].ste]),
+        "from scratch": ("w4a8_no_ste_scratch", [f"{n}_scratch" for n in settings.scratch if CONFIGS[n].ste]),
+    }
+    gaps: dict[str, dict[str, Any]] = {}
+    for pairing, (control, candidates) in pairings.items():
+        ste = [n for n in candidates if n not in ("float", "float_scratch") and n in summary]
+        if control in summary and ste:
+            worst = max(ste, key=lambda n: summary[n]["test_bpb_mean"])
+            gap = summary[control]["test_bpb_mean"] - summary[worst]["test_bpb_mean"]
+            gaps[pairing] = {"control": control, "worst_ste": worst, "measured": gap, "met": gap >= NO_STE_MARGIN_BPB}
+    if gaps:
+        judged, *other = list(gaps)
+        row: dict[str, Any] = {
+            **gaps[judged],
+            "bound": NO_STE_MARGIN_BPB,
+            "pairing": f"judged {judged}: {gaps[judged]['control']} against every STE configuration {judged}",
+        }
+        if other:
+            row["other_pairing"] = {"pairing": other[0], **gaps[other[0]]}
+            row["note"] = (
+                f"{other[0]}: {gaps[other[0]]['control']} - {gaps[other[0]]['worst_ste']} = "
+                f"{gaps[other[0]]['measured']:+.4f} bpb"
+            )
+        rows[f"w4a8_no_ste >= every STE configuration + {NO_STE_MARGIN_BPB} bpb"] = row
     return {
         "tier": settings.tier,
         "judged": settings.tier == "full" and len(settings.seeds) >= 2,
@@ -469,10 +564,30 @@ def write_report_md(report: Mapping[str, Any], out: Path) -> Path:
         f"Targets ({'judged' if report['targets']['judged'] else 'not judged: ' + report['targets']['note']}):",
         "",
     ]
-    lines += ["| target | measured | bound | met |", "|---|---|---|---|"]
+    lines += ["| target | measured | bound | met | note |", "|---|---|---|---|---|"]
     lines += [
-        f"| {k} | {v['measured']:.4f} | {v['bound']} | {v['met']} |" for k, v in report["targets"]["rows"].items()
+        f"| {k} | {v['measured']:.4f} | {v['bound']} | {v['met']} | "
+        f"{'; '.join(x for x in (v.get('pairing', ''), v.get('note', '')) if x)} |"
+        for k, v in report["targets"]["rows"].items()
     ]
+    if report.get("ptq"):
+        lines += ["", "Post-training quantisation of the float checkpoint, no fine-tuning (test bpb):", ""]
+        lines += ["| configuration | test bpb (mean ± std) | Δ vs float |", "|---|---|---|"]
+        lines += [
+            f"| `{name}` | {row['test_bpb_mean']:.4f} ± {row['test_bpb_std']:.4f} | {row['delta_vs_float_pct']:+.2f}% |"
+            for name, row in report["ptq"].items()
+        ]
+    ratios = {
+        name: float(np.mean([r["block_kernel_norm_ratio"] for r in runs]))
+        for name, runs in report["per_seed"].items()
+        if runs and "block_kernel_norm_ratio" in runs[0]
+    }
+    if ratios:
+        lines += [
+            "",
+            "Block kernels' norm after / before training (the weight decay's shrink where the gradient is zero): "
+            + ", ".join(f"`{n}` {v:.4f}" for n, v in ratios.items()),
+        ]
     picture = _plot_curves(report, out)
     if picture is not None:
         lines += ["", f"![validation bits per byte by step]({picture.name})"]
