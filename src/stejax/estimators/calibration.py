@@ -103,8 +103,12 @@ def _absmax(x, *, axis, group_size, qmax):
         # Per channel: reduce over the other axes where they lie. A max is exact in any
         # order, so this is _arrange's row max bit for bit, without the transposed copy of
         # x that moveaxis + reshape makes (one per weight matrix in a QAT step).
+        # max|x| is taken as max(max x, -min x), equal for every input (negation is exact, NaN
+        # propagates through both; a zero of either sign becomes the floor below): XLA:CPU hands
+        # abs-then-reduce over the leading axes to a library kernel that measured ~2x slower than
+        # the two plain reductions, and a QAT step takes one per weight matrix (int8 step -11% CPU).
         others = tuple(i for i in range(x.ndim) if i != axis)
-        amax = jnp.max(jnp.abs(x), axis=others).astype(_compute_dtype(x.dtype))
+        amax = jnp.maximum(jnp.max(x, axis=others), -jnp.min(x, axis=others)).astype(_compute_dtype(x.dtype))
         return _floor((amax * (1 / qmax)).astype(x.dtype))
     return _floor(_absmax_step(_arrange(x, axis, group_size), qmax).astype(x.dtype))
 
