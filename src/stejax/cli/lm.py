@@ -159,7 +159,7 @@ def train_command(
     "--scratch",
     default=None,
     metavar="NAME,...",
-    help="Also train these from scratch (default: quick w1.58a8; full w1.58a8, w4a8, w4a8_no_ste).",
+    help="Also train these from scratch (default w1.58a8, w4a8, w4a8_no_ste).",
 )
 @click.option("--corpus", type=click.Path(exists=True, path_type=Path), default=None, help="A directory or text file.")
 @click.option(
