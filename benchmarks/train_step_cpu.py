@@ -12,28 +12,20 @@ import argparse
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from stejax import keys
-from stejax.data import Normalizer
+from stejax.bench._train import step_setup
 from stejax.model import init_params, preset
-from stejax.train import Batch, TrainConfig, compiled_train_step, compiled_update, load_splits, make_optimizer
+from stejax.train import compiled_train_step, compiled_update
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--rounds", type=int, default=150, help="interleaved rounds (default 150)")
 parser.add_argument("--calls", type=int, default=3, help="calls per sample (default 3)")
 args = parser.parse_args()
 
-config = TrainConfig()
-splits = load_splits(config)
-normalizer = Normalizer.fit(splits.train.x)
-batch = Batch(
-    jnp.asarray(normalizer.apply(splits.train.x[: config.batch_size])),
-    jnp.asarray(splits.train.y[: config.batch_size]),
-)
-optimizer = make_optimizer(config, len(splits.train) // config.batch_size)
-model_config = config.model_config(splits.train)
+# The train suite's own set-up (stejax bench --suite train): the default recipe's CNN, batch and optimiser.
+_, model_config, batch, optimizer = step_setup(quick=False)
 step_keys = list(keys.split(jax.random.key(7), 64))
 calls = {}
 for name in ("float", "w8a8", "w4a4"):

@@ -209,13 +209,18 @@ def test_the_peers_suite_runs_qwix_with_quantised_products(quick_run):
         "stejax float",
         "stejax w8a8",
         "stejax w8a8 (no statistics)",
+        "stejax float (train step)",
+        "stejax w8a8 (train step)",
         "stejax int8",
         "flax float",
         "qwix int8",
     }
-    assert {"qwix int8/stejax w8a8", "stejax int8/qwix int8", "stejax w8a8 (no statistics)/stejax w8a8"} <= set(
-        group["ratios"]
-    )
+    assert {
+        "qwix int8/stejax w8a8",
+        "stejax int8/qwix int8",
+        "stejax w8a8 (no statistics)/stejax w8a8",
+        "stejax w8a8 (train step)/stejax float (train step)",
+    } <= set(group["ratios"])
     assert group["info"]["qwix_quantised_dot_generals"] > 0
     assert any("AQT" in note for note in suite["notes"])
 

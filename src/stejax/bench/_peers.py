@@ -37,6 +37,9 @@ def peers_suite(*, repeats: int, warmup: int, quick: bool) -> dict[str, Any]:
       ``stejax w8a8 (no statistics)``: the same step with ``statistics=False``
       (no zero-gradient fractions; the finite flag stays), the step
       :func:`stejax.train.train` takes on every batch but an epoch's last;
+      ``stejax float (train step)``, ``stejax w8a8 (train step)``: the program
+      :func:`stejax.train.train` runs (:func:`stejax.train.compiled_train_step`
+      with ``log`` False, as on every batch but an epoch's last);
     * ``stejax int8``: Qwix's scheme built from the catalog on the functional
       pipeline: :func:`stejax.fake_quant` with :func:`stejax.absmax_scale`, int8
       weights per output channel and int8 inputs per tensor, both scales
@@ -44,8 +47,10 @@ def peers_suite(*, repeats: int, warmup: int, quick: bool) -> dict[str, Any]:
     * ``flax float``: the same MLP of ``flax.nnx.Linear`` layers, a functional step
       (``nnx.split``/``nnx.merge`` inside ``jax.jit``);
     * ``qwix int8``: that model through ``qwix.quantize_model`` with a ``QtProvider``
-      rule for every layer: int8 weights and int8 activations, absmax scales per
-      step (Qwix's defaults), straight-through in the backward pass.
+      rule for every layer: int8 weights (absmax per output channel) and int8
+      activations (absmax, one scale per tensor as ``stejax int8``, where Qwix's
+      default is one per example), scales recomputed every step, int8 products,
+      straight-through in the backward pass (the float product's gradient).
 
     Flax and Qwix run under JAX's standard dtype and rank promotion (they are
     written for it; stejax's own code runs strict).
@@ -105,11 +110,29 @@ def mlp_group(*, repeats: int, warmup: int, quick: bool) -> tuple[dict[str, Any]
       ``(group, notes, config)``: the :func:`stejax.bench.compare` record, the
       peer libraries' warnings, and the :class:`stejax.train.TrainConfig` of the set-up.
     """
+    calls, ratios, info, notes, config = mlp_calls(quick=quick)
+    group = compare(
+        f"QAT training step, MLP, batch {config.batch_size}",
+        calls,
+        repeats=repeats,
+        warmup=warmup,
+        ratios=ratios,
+        info=info,
+    )
+    return group, notes, config
+
+
+def mlp_calls(*, quick: bool) -> tuple[dict[str, Any], list[tuple[str, str]], dict[str, Any], list[str], Any]:
+    """The calls :func:`mlp_group` times, untimed: ``(calls, ratios, info, notes, config)``.
+
+    ``benchmarks/qat_step_int8.py --cpu`` times the same calls in CPU time.
+    """
     import optax
     import qwix
     from flax import nnx
 
-    from stejax.train import Batch, TrainConfig, compiled_update, load_splits, make_optimizer
+    from stejax.bench._peers_rules import qwix_per_tensor_provider
+    from stejax.train import Batch, TrainConfig, compiled_train_step, compiled_update, load_splits, make_optimizer
 
     config = (
         TrainConfig(model="mlp", dropout=0.0, hidden=(16,), batch_size=32)
@@ -137,6 +160,9 @@ def mlp_group(*, repeats: int, warmup: int, quick: bool) -> tuple[dict[str, Any]
         if name == "w8a8":
             bare = compiled_update(model_config, qc, optimizer, statistics=False)
             calls["stejax w8a8 (no statistics)"] = lambda step=bare, p=params, s=state: step(p, s, batch, None)
+        # The program stejax.train.train runs, as on every batch but an epoch's last (log False).
+        train_step = compiled_train_step(model_config, qc, optimizer)
+        calls[f"stejax {name} (train step)"] = lambda step=train_step, p=params, s=state: step(p, s, batch, None, False)
     # Qwix's scheme from the catalog: the same weights as stejax float, quantised in the step.
     int8_params = init_params(jax.random.key(0), model_config, preset("float"))
     int8_step = _int8_step(optimizer)
@@ -160,7 +186,8 @@ def mlp_group(*, repeats: int, warmup: int, quick: bool) -> tuple[dict[str, Any]
         with standard_promotion():
             float_model = MLP(sizes, nnx.Rngs(0))
             rules = [qwix.QtRule(module_path=".*", weight_qtype=jnp.int8, act_qtype=jnp.int8)]
-            qwix_model = qwix.quantize_model(float_model, qwix.QtProvider(rules), x)
+            # One activation scale per tensor, as stejax int8 (Qwix's default is one per example).
+            qwix_model = qwix.quantize_model(float_model, qwix_per_tensor_provider(rules), x)
         # Outside standard_promotion: the promotion mode is part of jit's trace cache key,
         # and the timed calls run in the caller's mode.
         calls.update(nnx_steps(nnx, optax, optimizer, {"flax float": float_model, "qwix int8": qwix_model}, x, y))
@@ -173,6 +200,7 @@ def mlp_group(*, repeats: int, warmup: int, quick: bool) -> tuple[dict[str, Any]
         ("flax float", "stejax float"),
         ("stejax w8a8", "stejax float"),
         ("stejax w8a8 (no statistics)", "stejax float"),
+        ("stejax w8a8 (train step)", "stejax float (train step)"),
         ("qwix int8", "flax float"),
     ]
     info = {
@@ -180,7 +208,10 @@ def mlp_group(*, repeats: int, warmup: int, quick: bool) -> tuple[dict[str, Any]
         "batch_size": config.batch_size,
         "optimizer": f"{config.optimizer}, {config.schedule}, lr {config.learning_rate} (the same optax object)",
         "stejax w8a8": preset("w8a8").describe().rstrip("."),
-        "qwix int8": "qwix.QtRule(module_path='.*', weight_qtype=int8, act_qtype=int8), QtProvider",
+        "qwix int8": "qwix.QtRule(module_path='.*', weight_qtype=int8, act_qtype=int8): absmax per-channel "
+        "weights, dynamic int8 activations with one scale per tensor (QtProvider told so by "
+        "qwix_per_tensor_provider; its default is one per example); int8 x int8 -> int32 products in the forward "
+        "pass; straight-through backward through the whole product, with the unquantised operands and no clip mask",
         "stejax int8": "Qwix's scheme from the catalog on the functional pipeline: every layer's weights "
         "fake_quant(w, absmax_scale(w, bits=8, axis=1), bits=8, axis=1) (per output channel) and its input "
         "fake_quant(u, absmax_scale(u, bits=8), bits=8) (per tensor, dynamic), scales recomputed every step, "
@@ -189,18 +220,16 @@ def mlp_group(*, repeats: int, warmup: int, quick: bool) -> tuple[dict[str, Any]
         "fractions, the finite flag over parameters, loss and gradient (train's step on all but an epoch's "
         "last batch)",
         "qwix_quantised_dot_generals": calls.pop("_quantised_dots"),
+        "stejax w8a8 (train step)": "stejax.train.compiled_train_step(...)(params, opt_state, batch, None, "
+        "False): the program stejax.train.train runs, on every batch but an epoch's last (log False); compared "
+        "with stejax float's same program",
         "differences": "stejax's update also computes a finite flag (and, with statistics, the zero-gradient "
-        "fractions); Flax and Qwix run under standard promotion",
+        "fractions); stejax int8 and Qwix int8 compute neither. The gradients differ: stejax int8 applies the "
+        "catalog's clipped straight-through estimator to each operand (the product's gradient taken with the "
+        "quantised operands, masked where the rounded value is clipped), Qwix passes the float product's gradient "
+        "with the unquantised operands. Flax and Qwix run under standard promotion",
     }
-    group = compare(
-        f"QAT training step, MLP, batch {config.batch_size}",
-        calls,
-        repeats=repeats,
-        warmup=warmup,
-        ratios=ratios,
-        info=info,
-    )
-    return group, notes, config
+    return calls, ratios, info, notes, config
 
 
 def _int8_step(optimizer):

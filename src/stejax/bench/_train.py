@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -14,10 +14,40 @@ from stejax.bench._measure import compare
 from stejax.data import Normalizer
 from stejax.model import PRESETS, init_params, preset
 
-__all__ = ["train_suite"]
+__all__ = ["StepSetup", "step_setup", "train_suite"]
 
 # The presets also timed without the zero-gradient fractions (update(..., statistics=False)).
 BARE = ("float", "w8a8", "w4a4")
+
+
+class StepSetup(NamedTuple):
+    """What a timed training step of the reference pipeline needs (see :func:`step_setup`)."""
+
+    config: Any  # stejax.train.TrainConfig: the recipe
+    model_config: Any  # stejax.model.MLPConfig or ConvConfig
+    batch: Any  # stejax.train.Batch: the first batch_size standardised training examples
+    optimizer: Any  # optax.GradientTransformation: stejax.train.make_optimizer(config, steps per epoch)
+
+
+def step_setup(*, quick: bool) -> StepSetup:
+    """The recipe, model, batch and optimiser that :func:`train_suite` (and ``benchmarks/train_step_cpu.py``) time.
+
+    The default recipe of ``stejax compare`` (the CNN on the digits, batch 64, Adam
+    with warm-up and cosine decay, dropout 0.2); ``quick``: a small MLP (one hidden
+    layer of 16, batch 32). The batch is the first ``batch_size`` training examples,
+    standardised with the training split's statistics.
+    """
+    from stejax.train import Batch, TrainConfig, load_splits, make_optimizer
+
+    config = TrainConfig(model="mlp", hidden=(16,), batch_size=32) if quick else TrainConfig()
+    splits = load_splits(config)
+    normalizer = Normalizer.fit(splits.train.x)
+    batch = Batch(
+        jnp.asarray(normalizer.apply(splits.train.x[: config.batch_size])),
+        jnp.asarray(splits.train.y[: config.batch_size]),
+    )
+    optimizer = make_optimizer(config, len(splits.train) // config.batch_size)
+    return StepSetup(config, config.model_config(splits.train), batch, optimizer)
 
 
 def train_suite(*, repeats: int, warmup: int, quick: bool, presets: Sequence[str] = PRESETS) -> dict[str, Any]:
@@ -38,17 +68,9 @@ def train_suite(*, repeats: int, warmup: int, quick: bool, presets: Sequence[str
       ``{"config", "groups"}``: one group, the variants the presets, each
       compared with ``float`` as per-round ratios.
     """
-    from stejax.train import Batch, TrainConfig, compiled_update, load_splits, make_optimizer, needs_key
+    from stejax.train import compiled_update, needs_key
 
-    config = TrainConfig(model="mlp", hidden=(16,), batch_size=32) if quick else TrainConfig()
-    splits = load_splits(config)
-    normalizer = Normalizer.fit(splits.train.x)
-    batch = Batch(
-        jnp.asarray(normalizer.apply(splits.train.x[: config.batch_size])),
-        jnp.asarray(splits.train.y[: config.batch_size]),
-    )
-    optimizer = make_optimizer(config, len(splits.train) // config.batch_size)
-    model_config = config.model_config(splits.train)
+    config, model_config, batch, optimizer = step_setup(quick=quick)
     root = keys.split(jax.random.key(config.seed), len(presets), where="bench train: one key per preset")
     calls = {}
     for name, k in zip(presets, root, strict=True):
