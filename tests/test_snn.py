@@ -482,3 +482,34 @@ def test_nnx_modules_delegate_to_the_pure_steps():
     assert sorted(nnx.state(frozen, snn_nnx.Fixed).keys()) == ["adapt_decay_logit", "decay_logit"]
     with pytest.raises(TypeError, match="unexpected keyword argument 'syn_decay'"):
         snn_nnx.Leaky(N, syn_decay=0.5)
+
+
+def test_train_step_flat_optimiser_matches_the_tree_one_and_reports_non_finite_gradients():
+    from stejax.snn import SNNTrainConfig, make_optimizer, make_train_step
+
+    net = NetConfig(8, 3, hidden=(6,), spike="fast_sigmoid")
+    config = SNNTrainConfig(n_steps=4, batch_size=4)
+    params = init_net(net, key=jax.random.key(0))
+    x, y = jnp.linspace(0.0, 1.0, 32, dtype=jnp.float32).reshape(4, 8), jnp.array([0, 1, 2, 0])
+    results = {}
+    for flatten in (True, False):
+        optimizer = make_optimizer(config, 1, flatten=flatten)
+        state = optimizer.init(params)
+        step = jax.jit(make_train_step(net, config, optimizer))
+        p = params
+        for i in range(3):
+            p, state, loss, finite = step(p, state, x, y, jax.random.key(i))
+            assert bool(finite) and bool(jnp.isfinite(loss))
+        results[flatten] = (p, state)
+    # Flat moments: two vectors over all the parameters instead of two arrays per parameter array.
+    n = sum(int(a.size) for a in jax.tree.leaves(params))
+    assert sorted(a.size for a in jax.tree.leaves(results[True][1]) if a.ndim == 1) == [n, n]
+    assert len(jax.tree.leaves(results[False][1])) > 2 * len(jax.tree.leaves(params))
+    for a, b in zip(jax.tree.leaves(results[True][0]), jax.tree.leaves(results[False][0]), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-7)
+    # One non-finite gradient entry anywhere is reported.
+    bad = params._replace(readout=params.readout._replace(b=params.readout.b.at[1].set(jnp.nan)))
+    optimizer = make_optimizer(config, 1)
+    step = jax.jit(make_train_step(net, config, optimizer))
+    _, _, _, finite = step(bad, optimizer.init(bad), x, y, jax.random.key(0))
+    assert not bool(finite)

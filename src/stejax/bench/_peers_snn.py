@@ -31,7 +31,11 @@ def snn_peer_groups(*, repeats: int, warmup: int, quick: bool) -> tuple[list[dic
     (``quick``: 8). Both steps take the same batch of digit intensities, rate-encode
     it with :func:`stejax.snn.rate` inside the step (the same draws), run the
     network, take the cross-entropy of the readout's membrane integrated over
-    time, and apply the same optax Adam object. The spike function is the same
+    time, and apply the same optax Adam object (:func:`stejax.snn.make_optimizer`,
+    whose moments are flat vectors: the same optimiser work on both sides). Both
+    are jitted with their parameters and optimiser state donated
+    (``donate_argnums``), and each call passes on what the previous one returned,
+    as a training loop does. The spike function is the same
     rule in both: Spyx's default ``superspike(k=25)`` is ``1/(1 + 25|x|)^2``,
     stejax's ``fast_sigmoid`` (slope 25).
 
@@ -59,19 +63,11 @@ def snn_peer_groups(*, repeats: int, warmup: int, quick: bool) -> tuple[list[dic
         key_pool = list(jax.random.split(jax.random.key(n_steps), max(warmup, 1) + repeats))
         steps, args, caught = build_steps(n_steps=n_steps, width=width, batch=batch)
         notes += caught
-        ours, theirs = steps["stejax"], steps["spyx"]
-        ours_keys, theirs_keys = iter(key_pool), iter(key_pool)
-
-        def call_ours(ours=ours, a=args["stejax"], k=ours_keys):
-            return ours(*a, next(k))
-
-        def call_theirs(theirs=theirs, a=args["spyx"], k=theirs_keys):
-            return theirs(*a, next(k))
-
+        calls = {name: _threaded(steps[name], args[name], iter(key_pool)) for name in ("stejax", "spyx")}
         groups.append(
             compare(
                 f"SNN training step, 2 x {width} LIF, batch {batch}, T = {n_steps}",
-                {"stejax": call_ours, "spyx": call_theirs},
+                calls,
                 repeats=repeats,
                 warmup=warmup,
                 ratios=[("stejax", "spyx")],
@@ -80,6 +76,8 @@ def snn_peer_groups(*, repeats: int, warmup: int, quick: bool) -> tuple[list[dic
                     "T": n_steps,
                     "batch_size": batch,
                     "spike function": "stejax fast_sigmoid(slope=25) == spyx superspike(k=25)",
+                    "optimizer": "the same object on both sides: Adam with flat moments (stejax.snn.make_optimizer); "
+                    "parameters and optimiser state donated and threaded from call to call",
                     "spyx": importlib.metadata.version("spyx"),
                     "differences": "Spyx fires from the previous step's membrane and differentiates its reset; "
                     "stejax fires from the current membrane, stops the reset's gradient, batches each "
@@ -91,8 +89,27 @@ def snn_peer_groups(*, repeats: int, warmup: int, quick: bool) -> tuple[list[dic
     return groups, notes
 
 
+def _threaded(step: Any, args: tuple[Any, ...], keys: Any) -> Any:
+    """A zero-argument call of a donating ``step``: each call passes on the parameters and state the last returned."""
+    params, opt_state, x, y = args
+    state = [jax.tree.map(jnp.copy, params), jax.tree.map(jnp.copy, opt_state)]
+
+    def call() -> Any:
+        out = step(state[0], state[1], x, y, next(keys))
+        state[0], state[1] = out[0], out[1]
+        return out
+
+    return call
+
+
 def build_steps(
-    *, n_steps: int, width: int = 128, batch: int = 64, checkpoint: bool = True
+    *,
+    n_steps: int,
+    width: int = 128,
+    batch: int = 64,
+    checkpoint: bool = True,
+    spyx_flat_adam: bool = True,
+    donate: bool = True,
 ) -> tuple[dict[str, Any], dict[str, tuple[Any, ...]], list[str]]:
     """The two jitted training steps ``step(params, opt_state, x, y, key)`` and their arguments but the key.
 
@@ -100,7 +117,12 @@ def build_steps(
       ``(steps, args, notes)``: ``steps["stejax"]`` and ``steps["spyx"]`` (jitted),
       ``args[name] = (params, opt_state, x, y)``, and the warnings Spyx/Flax raised
       while building, as notes. ``checkpoint``: stejax's ``NetConfig.checkpoint``
-      (default True, the library's default). Needs Spyx.
+      (default True, the library's default). ``spyx_flat_adam`` (default True):
+      Spyx steps with the same optimiser object as stejax (Adam with flat moments);
+      False gives it ``optax.adam`` on its parameter tree, as a Spyx user writes it.
+      ``donate`` (default True): both steps donate their parameters and optimiser
+      state, so a caller must pass on what each call returns (the arguments given
+      here may be reused once: copy them). Needs Spyx.
     """
     import optax
     import spyx
@@ -118,7 +140,9 @@ def build_steps(
     optimizer = make_optimizer(config, 20)
     net = NetConfig(64, 10, hidden=(width, width), spike="fast_sigmoid", checkpoint=checkpoint)
     params = init_net(net, key=jax.random.key(0))
-    ours = jax.jit(make_train_step(net, config, optimizer))
+    donated = (0, 1) if donate else ()
+    ours = jax.jit(make_train_step(net, config, optimizer), donate_argnums=donated)
+    spyx_optimizer = optimizer if spyx_flat_adam else make_optimizer(config, 20, flatten=False)
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -135,6 +159,9 @@ def build_steps(
         # nnx.split returns one State per filter: here two, though its annotation says "one or more".
         graphdef, spyx_params, *others = nnx.split(model, nnx.Param, ...)
         (rest,) = others
+        # Spyx's readout decay starts weakly typed and leaves the first step strongly typed: fixed
+        # here, or the second call would compile again.
+        spyx_params = jax.tree.map(lambda a: jnp.asarray(a, dtype=a.dtype), spyx_params)
         loss_fn = spyx.fn.integral_crossentropy(smoothing=0.0, time_axis=0)
 
         def spyx_step(p, opt_state, x, y, key):
@@ -146,15 +173,15 @@ def build_steps(
                     return loss_fn(traces, y)
 
                 value, grads = jax.value_and_grad(objective)(p)
-                updates, opt_state = optimizer.update(grads, opt_state, p)
+                updates, opt_state = spyx_optimizer.update(grads, opt_state, p)
                 return optax.apply_updates(p, updates), opt_state, value
 
-        theirs = jax.jit(spyx_step)
-        theirs.trace(spyx_params, optimizer.init(spyx_params), x, y, jax.random.key(2))
+        theirs = jax.jit(spyx_step, donate_argnums=donated)
+        theirs.trace(spyx_params, spyx_optimizer.init(spyx_params), x, y, jax.random.key(2))
     notes = sorted({f"{w.category.__name__} from Spyx/Flax: {' '.join(str(w.message).split())}" for w in caught})
     steps = {"stejax": ours, "spyx": theirs}
     args = {
         "stejax": (params, optimizer.init(params), x, y),
-        "spyx": (spyx_params, optimizer.init(spyx_params), x, y),
+        "spyx": (spyx_params, spyx_optimizer.init(spyx_params), x, y),
     }
     return steps, args, notes
