@@ -39,6 +39,9 @@ def snn_peer_groups(*, repeats: int, warmup: int, quick: bool) -> tuple[list[dic
     rule in both: Spyx's default ``superspike(k=25)`` is ``1/(1 + 25|x|)^2``,
     stejax's ``fast_sigmoid`` (slope 25).
 
+    Both learn a decay per neuron and hold the threshold at 1 (Spyx's LIF has no
+    threshold parameter; stejax's ``learn_threshold=False``).
+
     Differences, stated: Spyx's LIF fires from the membrane of the previous step
     and differentiates through its reset; stejax's fires from the current
     membrane and stops the reset's gradient (its default). Spyx clips the decay to
@@ -78,6 +81,7 @@ def snn_peer_groups(*, repeats: int, warmup: int, quick: bool) -> tuple[list[dic
                     "spike function": "stejax fast_sigmoid(slope=25) == spyx superspike(k=25)",
                     "optimizer": "the same object on both sides: Adam with flat moments (stejax.snn.make_optimizer); "
                     "parameters and optimiser state donated and threaded from call to call",
+                    "parameters": "both learn a decay per neuron; thresholds fixed at 1 on both sides",
                     "spyx": importlib.metadata.version("spyx"),
                     "differences": "Spyx fires from the previous step's membrane and differentiates its reset; "
                     "stejax fires from the current membrane, stops the reset's gradient, batches each "
@@ -138,7 +142,9 @@ def build_steps(
     y = jnp.asarray(digits.y[:batch].astype(np.int32))
     config = SNNTrainConfig(n_steps=n_steps, batch_size=batch)
     optimizer = make_optimizer(config, 20)
-    net = NetConfig(64, 10, hidden=(width, width), spike="fast_sigmoid", checkpoint=checkpoint)
+    # Spyx's LIF threshold is a constant (1.0), not a parameter: stejax's is held fixed too, so that
+    # neither side computes a gradient the other does not. Both learn a decay per neuron.
+    net = NetConfig(64, 10, hidden=(width, width), spike="fast_sigmoid", checkpoint=checkpoint, learn_threshold=False)
     params = init_net(net, key=jax.random.key(0))
     donated = (0, 1) if donate else ()
     ours = jax.jit(make_train_step(net, config, optimizer), donate_argnums=donated)
