@@ -6,8 +6,12 @@ o, gate, up, down: :data:`stejax.lm._configs.SITES`) by each library:
 
 * ``qwix int8``: ``QtRule(module_path=SITES, weight_qtype=int8, act_qtype=int8,
   act_batch_axes=(0, 1))``: absmax int8 weights per output channel, dynamic int8
-  activations with one scale per token, straight-through; stejax's ``w8a8``
-  configuration is the same scheme (:func:`stejax.lm.quantize_lm`);
+  activations with one scale per token, straight-through (for absmax calibration
+  Qwix skips its gradient mask: the identity); stejax's ``w8a8`` configuration is
+  the same scheme with the same identity gradient (:func:`stejax.lm.quantize_lm`).
+  The one difference: Qwix's forward products are int8 x int8 -> int32 dots,
+  stejax's are float32 products of the fake-quantised operands (the group's
+  ``compiled_hlo_ops`` counts them);
 * ``qwix int4 weight-only``: ``QtRule(module_path=SITES, weight_qtype=int4,
   tile_size=32)``: absmax int4 weights per group of 32 along the contraction
   axis, float activations; stejax's ``w4 weight-only`` is the ``w4a8`` weight
@@ -74,6 +78,7 @@ def lm_peer_groups(*, repeats: int, warmup: int, quick: bool) -> tuple[list[dict
     from flax import nnx
 
     from stejax.bench._nnx import nnx_steps
+    from stejax.bench._peers_rules import hlo_op_counts
     from stejax.lm import QUICK, LMConfig, Transformer, quantize_lm
 
     config = LMConfig(context=32, width=32, depth=1, heads=2, hidden=64) if quick else QUICK.model
@@ -91,7 +96,8 @@ def lm_peer_groups(*, repeats: int, warmup: int, quick: bool) -> tuple[list[dict
             "qwix int4 weight-only": qwix_lm(float_model, "qwix int4 weight-only"),
             "stejax w4 weight-only": stejax_w4_weight_only(float_model),
         }
-        calls = nnx_steps(nnx, optax, optimizer, models, x, y)
+        compiled: dict[str, str] = {}
+        calls = nnx_steps(nnx, optax, optimizer, models, x, y, compiled=compiled)
     notes = sorted({f"{w.category.__name__} from a peer library: {' '.join(str(w.message).split())}" for w in caught})
     info = {
         "model": f"stejax.lm.Transformer {config.to_dict()}",
@@ -101,7 +107,10 @@ def lm_peer_groups(*, repeats: int, warmup: int, quick: bool) -> tuple[list[dict
         "qwix int8": "QtRule(module_path=SITES, weight_qtype=int8, act_qtype=int8, act_batch_axes=(0, 1)): "
         "absmax per-channel weights, one activation scale per token, QtProvider",
         "stejax w8a8": "stejax.lm.quantize_lm(model, 'w8a8'): absmax per-channel int8 weights, per-token int8 "
-        "activations, round_ste",
+        "activations, the identity straight-through gradient declared (the clip cannot act), as Qwix's",
+        "difference": "Qwix's forward block products are int8 x int8 -> int32 dots; stejax's are float32 products "
+        "of the fake-quantised operands (the same values)",
+        "compiled_hlo_ops": {label: hlo_op_counts(text) for label, text in compiled.items()},
         "qwix int4 weight-only": "QtRule(module_path=SITES, weight_qtype=int4, tile_size=32)",
         "stejax w4 weight-only": "Rule(SITES, weights=the w4a8 weight quantiser): int4 per group of 32",
         "qwix_quantised_dot_generals": calls.pop("_quantised_dots"),
