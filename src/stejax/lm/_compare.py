@@ -6,7 +6,7 @@ and fine-tunes for ``finetune_steps``; the float baseline continues for the same
 ``finetune_steps`` on the same fine-tuning schedule, so every configuration sees
 ``float_steps + finetune_steps`` steps in all. ``w1.58a8`` is also trained from
 scratch (quantised from initialisation) for that whole budget on the main
-schedule (``w1.58a8_scratch``), and so, in the full tier, are ``w4a8`` and the
+schedule (``w1.58a8_scratch``), and so, in both tiers, are ``w4a8`` and the
 no-STE control ``w4a8_no_ste``, so that the control is also seen beside its STE
 counterpart from the same start. Every quantised configuration is also scored
 straight after quantisation, with no fine-tuning (``ptq``: post-training
