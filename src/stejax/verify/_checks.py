@@ -416,9 +416,11 @@ class DtypeRun:
         notes = []
         for k, i in enumerate(self.s.diff_argnums):
             jt = out["tangents"][k]
-            t_out = np.broadcast_to(tangents[k], shape)
             what = "the tangent" if len(tangents) == 1 else f"the tangent of argument {i}"
             if self.s.partials is not None:
+                # Elementwise partials: the argument's tangent broadcasts to the output (a tangent map's
+                # argument may have another shape, a matrix product's weights say).
+                t_out = np.broadcast_to(tangents[k], shape)
                 d = partials[k]
                 expected = cmp.product(d, t_out, self.dtype, self.tol)
                 extra = [("derivative", d), ("tangent", t_out)]
