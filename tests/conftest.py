@@ -14,25 +14,13 @@ pytest 9 no longer allows, so the units are computed here, from the node ids the
 from __future__ import annotations
 
 import functools
-import os
 import re
 from pathlib import Path
 
-# The suite's programs are tiny, so XLA's time in it is compilation, most of that LLVM optimising machine
-# code that runs for microseconds. LLVM at level 0 (the same HLO passes and fusions; without fast-math,
-# LLVM keeps IEEE results at every level) and one codegen split cut the suite's CPU time by a third. Set before JAX
-# starts its backend, so the xdist workers and every subprocess a test starts inherit it. A flag already in
-# XLA_FLAGS wins: XLA_FLAGS=--xla_backend_optimization_level=3 runs the suite at XLA's default level.
-FAST_COMPILE_FLAGS = {"xla_backend_optimization_level": "0", "xla_cpu_parallel_codegen_split_count": "1"}
-_flags = os.environ.get("XLA_FLAGS", "")
-os.environ["XLA_FLAGS"] = " ".join(
-    [_flags, *(f"--{name}={value}" for name, value in FAST_COMPILE_FLAGS.items() if f"--{name}=" not in _flags)]
-).strip()
-
-import jax  # noqa: E402  (after XLA_FLAGS)
-import ml_dtypes  # noqa: E402
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
+import jax
+import ml_dtypes
+import numpy as np
+import pytest
 
 # As equinox does: no silent dtype or rank promotion anywhere in the suite.
 jax.config.update("jax_numpy_dtype_promotion", "strict")
