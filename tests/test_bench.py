@@ -212,12 +212,14 @@ def test_the_peers_suite_runs_qwix_with_quantised_products(quick_run):
         "stejax float (train step)",
         "stejax w8a8 (train step)",
         "stejax int8",
+        "stejax int8 (integer products)",
         "flax float",
         "qwix int8",
     }
     assert {
         "qwix int8/stejax w8a8",
         "stejax int8/qwix int8",
+        "stejax int8 (integer products)/qwix int8",
         "stejax w8a8 (no statistics)/stejax w8a8",
         "stejax w8a8 (train step)/stejax float (train step)",
     } <= set(group["ratios"])

@@ -168,6 +168,8 @@ def mlp_calls(*, quick: bool) -> tuple[dict[str, Any], list[tuple[str, str]], di
     int8_step = _int8_step(optimizer)
     int8_state = optimizer.init(int8_params)
     calls["stejax int8"] = lambda step=int8_step, p=int8_params, s=int8_state: step(p, s, x, y)
+    int_step = _int8_step(optimizer, integer_products=True)
+    calls["stejax int8 (integer products)"] = lambda step=int_step, p=int8_params, s=int8_state: step(p, s, x, y)
 
     class MLP(nnx.Module):
         def __init__(self, sizes: tuple[int, ...], rngs: nnx.Rngs):
@@ -195,6 +197,8 @@ def mlp_calls(*, quick: bool) -> tuple[dict[str, Any], list[tuple[str, str]], di
 
     ratios = [
         ("stejax int8", "qwix int8"),
+        ("stejax int8 (integer products)", "qwix int8"),
+        ("stejax int8 (integer products)", "stejax int8"),
         ("stejax w8a8 (no statistics)", "stejax w8a8"),
         ("qwix int8", "stejax w8a8"),
         ("flax float", "stejax float"),
@@ -216,6 +220,11 @@ def mlp_calls(*, quick: bool) -> tuple[dict[str, Any], list[tuple[str, str]], di
         "fake_quant(w, absmax_scale(w, bits=8, axis=1), bits=8, axis=1) (per output channel) and its input "
         "fake_quant(u, absmax_scale(u, bits=8), bits=8) (per tensor, dynamic), scales recomputed every step, "
         "clipped straight-through gradient; a plain jitted value_and_grad and optimiser step",
+        "stejax int8 (integer products)": "stejax int8's model, scales, batch and optimiser with each layer's "
+        "product through stejax.quantized_matmul(u, w, absmax_scale(u, bits=8), absmax_scale(w, bits=8, axis=1)): "
+        "the same codes, multiplied as int8 x int8 -> int32 by dot_general (as Qwix's forward) and rescaled once; "
+        "the gradient is the fake-quant composition's (clipped straight-through on each operand, dequantised "
+        "operands), as stejax int8's",
         "stejax w8a8 (no statistics)": "stejax w8a8 with update(..., statistics=False): no zero-gradient "
         "fractions, the finite flag over parameters, loss and gradient (train's step on all but an epoch's "
         "last batch)",
@@ -227,32 +236,40 @@ def mlp_calls(*, quick: bool) -> tuple[dict[str, Any], list[tuple[str, str]], di
         "fractions); stejax int8 and Qwix int8 compute neither. The gradients differ: stejax int8 applies the "
         "catalog's clipped straight-through estimator to each operand (the product's gradient taken with the "
         "quantised operands, masked where the rounded value is clipped), Qwix passes the float product's gradient "
-        "with the unquantised operands. Flax and Qwix run under standard promotion",
+        "with the unquantised operands. stejax int8 multiplies the dequantised operands in float32; stejax int8 "
+        "(integer products) and Qwix multiply int8 codes into int32 sums. Flax and Qwix run under standard "
+        "promotion",
     }
     return calls, ratios, info, notes, config
 
 
-def _int8_step(optimizer):
+def _int8_step(optimizer, *, integer_products: bool = False):
     """A jitted training step of an MLP fake-quantised with Qwix's int8 scheme, built from the catalog.
 
     Layer ``i`` computes ``Q(u) @ Q_c(w) + b`` with ``Q(u) = fake_quant(u, absmax_scale(u))``
     (8-bit, per tensor, from the current batch) and ``Q_c`` the same per output
     channel; ReLU between layers. The scales are calibration values (no gradient);
-    the inputs and weights get the clipped straight-through gradient.
+    the inputs and weights get the clipped straight-through gradient. With
+    ``integer_products``, the product is :func:`stejax.quantized_matmul` with the same
+    scales: the same codes multiplied as int8 x int8 -> int32, the same gradient.
     """
     import optax
 
     from stejax.estimators.calibration import absmax_scale
+    from stejax.estimators.products import quantized_matmul
     from stejax.estimators.uniform import fake_quant
+
+    def product(h, w):
+        h_scale, w_scale = absmax_scale(h, bits=8), absmax_scale(w, bits=8, axis=1)
+        if integer_products:
+            return quantized_matmul(h, w, h_scale, w_scale, bits=8)
+        return fake_quant(h, h_scale, bits=8) @ fake_quant(w, w_scale, bits=8, axis=1)
 
     def forward(params, x):
         layers = params["layers"]
         h = x
         for i, layer in enumerate(layers):
-            w = layer["w"]
-            u = fake_quant(h, absmax_scale(h, bits=8), bits=8)
-            wq = fake_quant(w, absmax_scale(w, bits=8, axis=1), bits=8, axis=1)
-            h = u @ wq + layer["b"][None, :]
+            h = product(h, layer["w"]) + layer["b"][None, :]
             if i < len(layers) - 1:
                 h = jax.nn.relu(h)
         return h
