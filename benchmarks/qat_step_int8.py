@@ -3,7 +3,8 @@
 The set-up is `stejax.bench._peers.mlp_calls` itself (the reference MLP 64-256-256-10, batch 64, the same optax
 optimiser for every variant): stejax float, stejax w8a8 (LSQ) with and without its zero-gradient fractions, both as
 `stejax.train.train` runs them (the train step, on every batch but an epoch's last), stejax int8 (Qwix's scheme from
-the catalog), flax float and qwix int8 (one activation scale per tensor, as stejax int8), timed in interleaved rounds;
+the catalog; again with its products on int8 codes, `stejax.quantized_matmul`: "stejax int8 (integer products)"),
+flax float and qwix int8 (one activation scale per tensor, as stejax int8), timed in interleaved rounds;
 the ratios are the p50 (p10, p90) of the per-round ratios. Wall clock by default (`stejax.bench.compare`); with
 `--cpu`, `time.process_time` per call (`--calls` calls per sample: time spent descheduled on a loaded machine is not
 counted, the threads' work is).
