@@ -320,15 +320,16 @@ def logged_update(
       :func:`update`'s structure, zeros when ``log`` is False.
 
     Example:
-      >>> import jax, numpy as np, optax
+      >>> import functools, jax, numpy as np, optax
       >>> from stejax.model import MLPConfig, init_params, preset
       >>> from stejax.train import logged_update, update
       >>> mc, qc, opt = MLPConfig(hidden=(8,)), preset("w4a4"), optax.sgd(0.1)
       >>> params = init_params(jax.random.key(0), mc, qc)
       >>> batch = (np.ones((4, 64), np.float32), np.arange(4, dtype=np.int32))
       >>> kw = dict(model_config=mc, qat_config=qc, optimizer=opt)
-      >>> _, _, m = logged_update(params, opt.init(params), batch, None, True, **kw)
-      >>> _, _, want = update(params, opt.init(params), batch, None, **kw)
+      >>> step = jax.jit(functools.partial(logged_update, **kw))  # as train compiles it
+      >>> _, _, m = step(params, opt.init(params), batch, None, True)
+      >>> _, _, want = jax.jit(functools.partial(update, **kw))(params, opt.init(params), batch, None)
       >>> m.zero_grad == want.zero_grad, float(m.loss) == float(want.loss)
       (True, True)
     """
