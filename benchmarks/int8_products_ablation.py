@@ -11,7 +11,6 @@ the p50 of per-round ratios. Then one 64x256 by 256x256 product in float32 and a
 """
 
 import argparse
-import time
 
 import jax
 import jax.numpy as jnp
@@ -19,6 +18,7 @@ import numpy as np
 import optax
 
 import stejax
+from stejax.bench import measure
 from stejax.estimators import products
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -78,19 +78,9 @@ def make_step(product, optimizer):
 
 
 def interleaved(calls, repeats, per_sample):
-    names = list(calls)
-    for name in names:
-        for _ in range(10):
-            jax.block_until_ready(calls[name]())
-    seconds = {name: [] for name in names}
-    for r in range(repeats):
-        for j in range(len(names)):
-            name = names[(r + j) % len(names)]
-            start = time.process_time()
-            for _ in range(per_sample):
-                jax.block_until_ready(calls[name]())
-            seconds[name].append((time.process_time() - start) / per_sample)
-    return {name: np.array(s) for name, s in seconds.items()}
+    """CPU seconds per call, interleaved rounds after 10 warm-up calls (`stejax.bench.measure`)."""
+    measured = measure(calls, repeats=repeats, warmup=10, clock="cpu", calls_per_sample=per_sample)
+    return {name: np.array(m["seconds"]) for name, m in measured.items()}
 
 
 sizes = (64, 256, 256, 10)

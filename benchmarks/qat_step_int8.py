@@ -14,12 +14,8 @@ counted, the threads' work is).
 
 import argparse
 import json
-import time
 
-import jax
-import numpy as np
-
-from stejax.bench._measure import ratio_stats
+from stejax.bench._measure import measure, ratio_stats
 from stejax.bench._peers import mlp_calls, mlp_group
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -38,20 +34,9 @@ if not args.cpu:
 else:
     calls, pairs, info, notes, _ = mlp_calls(quick=False)
     quantised_dots = info["qwix_quantised_dot_generals"]
-    names = list(calls)
-    for name in names:
-        for _ in range(args.warmup):
-            jax.block_until_ready(calls[name]())
-    seconds: dict[str, list[float]] = {name: [] for name in names}
-    for r in range(args.repeats):
-        for j in range(len(names)):
-            name = names[(r + j) % len(names)]
-            start = time.process_time()
-            for _ in range(args.calls):
-                jax.block_until_ready(calls[name]())
-            seconds[name].append((time.process_time() - start) / args.calls)
-    medians = {name: 1e3 * float(np.median(s)) for name, s in seconds.items()}
-    ratios = {f"{a}/{b}": ratio_stats(seconds[a], seconds[b]) for a, b in pairs}
+    measured = measure(calls, repeats=args.repeats, warmup=args.warmup, clock="cpu", calls_per_sample=args.calls)
+    medians = {name: m["stats_ms"]["p50_ms"] for name, m in measured.items()}
+    ratios = {f"{a}/{b}": ratio_stats(measured[a]["seconds"], measured[b]["seconds"]) for a, b in pairs}
     clock = "CPU"
 for name, ms in medians.items():
     print(f"{name:30s} p50 {ms:.3f} ms {clock}")

@@ -9,12 +9,11 @@ of the per-round ratios.
 """
 
 import argparse
-import time
 
 import jax
-import numpy as np
 
 from stejax import keys
+from stejax.bench._measure import measure, ratio_stats
 from stejax.bench._train import step_setup
 from stejax.model import init_params, preset
 from stejax.train import compiled_train_step, compiled_update
@@ -36,23 +35,11 @@ for name in ("float", "w8a8", "w4a4"):
     train_step = compiled_train_step(model_config, qat_config, optimizer)
     calls[f"{name} stats"] = lambda f=with_fractions, p=params, s=state: f(p, s, batch, step_keys[0])
     calls[f"{name} train step"] = lambda f=train_step, p=params, s=state: f(p, s, batch, step_keys[0], False)
-names = list(calls)
-for name in names:
-    for _ in range(3):
-        jax.block_until_ready(calls[name]())
-seconds: dict[str, list[float]] = {name: [] for name in names}
-for r in range(args.rounds):
-    for j in range(len(names)):
-        name = names[(r + j) % len(names)]
-        start = time.process_time()
-        for _ in range(args.calls):
-            jax.block_until_ready(calls[name]())
-        seconds[name].append((time.process_time() - start) / args.calls)
-for name in names:
-    print(f"{name:18s} p50 {1e3 * np.median(seconds[name]):.3f} ms CPU")
+measured = measure(calls, repeats=args.rounds, warmup=3, clock="cpu", calls_per_sample=args.calls)
+for name, m in measured.items():
+    print(f"{name:18s} p50 {m['stats_ms']['p50_ms']:.3f} ms CPU")
 pairs = [("w8a8 train step", "float train step"), ("w4a4 train step", "float train step")]
 pairs += [(f"{q} train step", f"{q} stats") for q in ("float", "w8a8", "w4a4")]
 for a, b in pairs:
-    ratio = np.asarray(seconds[a]) / np.asarray(seconds[b])
-    p10, p50, p90 = np.percentile(ratio, [10, 50, 90])
-    print(f"{a:18s} / {b:18s} p50 {p50:.3f} (p10 {p10:.3f}, p90 {p90:.3f})")
+    ratio = ratio_stats(measured[a]["seconds"], measured[b]["seconds"])
+    print(f"{a:18s} / {b:18s} p50 {ratio['p50']:.3f} (p10 {ratio['p10']:.3f}, p90 {ratio['p90']:.3f})")

@@ -6,6 +6,7 @@ Correctness only: no test here judges a time.
 import copy
 import json
 import sys
+import time
 
 import jax
 import jax.numpy as jnp
@@ -94,6 +95,22 @@ def test_measure_warms_up_then_interleaves_in_rotating_order():
         assert out[name]["compiles_timed"] == 0  # ... and no timed call did
 
 
+def test_measure_cpu_clock_leaves_out_waiting_and_averages_calls_per_sample():
+    order = []
+
+    def sleeper():  # waits 20 ms and does (almost) no work: wall time counts it, CPU time does not
+        order.append("s")
+        time.sleep(0.02)
+        return jnp.ones(1)
+
+    wall = measure({"s": sleeper}, repeats=2, warmup=1)
+    assert min(wall["s"]["seconds"]) >= 0.02
+    order.clear()
+    cpu = measure({"s": sleeper}, repeats=2, warmup=1, clock="cpu", calls_per_sample=3)
+    assert len(order) == 1 + 2 * 3 and len(cpu["s"]["seconds"]) == 2
+    assert max(cpu["s"]["seconds"]) < 0.01
+
+
 def test_a_compile_in_the_timed_rounds_is_counted():
     x = jnp.ones(3)
     # A fresh function every call: every call compiles.
@@ -114,7 +131,12 @@ def test_compile_counter_counts_compilations_only():
 
 @pytest.mark.parametrize(
     ("kwargs", "message"),
-    [({"repeats": 0, "warmup": 1}, "repeats must be an int >= 1"), ({"repeats": 1, "warmup": 0}, "warmup must be")],
+    [
+        ({"repeats": 0, "warmup": 1}, "repeats must be an int >= 1"),
+        ({"repeats": 1, "warmup": 0}, "warmup must be"),
+        ({"repeats": 1, "warmup": 1, "clock": "gpu"}, "clock must be one of"),
+        ({"repeats": 1, "warmup": 1, "calls_per_sample": 0}, "calls_per_sample must be an int >= 1"),
+    ],
 )
 def test_measure_checks_its_arguments(kwargs, message):
     with pytest.raises(ValueError, match=message):

@@ -121,26 +121,39 @@ class CompileCounter:
         jax.monitoring.unregister_event_duration_listener(self._listen)
 
 
+CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "cpu": time.process_time}
+
+
 def measure(
     calls: Mapping[str, Callable[[], Any]],
     *,
     repeats: int,
     warmup: int,
+    clock: str = "wall",
+    calls_per_sample: int = 1,
 ) -> dict[str, dict[str, Any]]:
     """Time zero-argument calls side by side, after warm-up, each call waited for.
 
     1. Warm-up: each call runs ``warmup`` times (>= 1), untimed; the first
        compiles. The compilations are counted per call.
-    2. Timed: ``repeats`` rounds; each round runs every call once, in an order
-       rotated by one each round (no call always first, on cold caches, or
-       last), timed with ``time.perf_counter`` around the call and
-       ``jax.block_until_ready`` on its result. Compilations are counted per
-       call here too: anything but 0 means the timing includes a compile.
+    2. Timed: ``repeats`` rounds; each round runs every call ``calls_per_sample``
+       times in a row, in an order rotated by one each round (no call always
+       first, on cold caches, or last), timed around the calls with ``clock``
+       and ``jax.block_until_ready`` on each result; a sample is that time
+       divided by ``calls_per_sample``. Compilations are counted per call here
+       too: anything but 0 means the timing includes a compile.
+
+    ``clock="cpu"`` (``time.process_time``: this process's CPU time, all its
+    threads) leaves out the time the process waits descheduled, so that ratios
+    measured on a shared, loaded machine stay readable; it counts the work of
+    every thread XLA runs, so it is not a latency.
 
     Args:
       calls: ``{name: call}``; a call returns arrays (or a PyTree of them).
       repeats: timed rounds, >= 1.
       warmup: untimed calls of each first, >= 1.
+      clock: ``"wall"`` (``time.perf_counter``, the default) or ``"cpu"``.
+      calls_per_sample: calls timed together for one sample, >= 1.
 
     Returns:
       ``{name: {"seconds": [...], "stats_ms": summarize(...), "compiles_warmup",
@@ -150,6 +163,11 @@ def measure(
         raise ValueError(f"measure: repeats must be an int >= 1; got {repeats!r}.")
     if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 1:
         raise ValueError(f"measure: warmup must be an int >= 1 (the first call compiles); got {warmup!r}.")
+    if clock not in CLOCKS:
+        raise ValueError(f"measure: clock must be one of {sorted(CLOCKS)}; got {clock!r}.")
+    if isinstance(calls_per_sample, bool) or not isinstance(calls_per_sample, int) or calls_per_sample < 1:
+        raise ValueError(f"measure: calls_per_sample must be an int >= 1; got {calls_per_sample!r}.")
+    now = CLOCKS[clock]
     names = list(calls)
     if not names:
         raise ValueError("measure: needs at least one call.")
@@ -165,9 +183,10 @@ def measure(
             for j in range(len(names)):
                 name = names[(r + j) % len(names)]
                 before = counter.count
-                start = time.perf_counter()
-                jax.block_until_ready(calls[name]())
-                out[name]["seconds"].append(time.perf_counter() - start)
+                start = now()
+                for _ in range(calls_per_sample):
+                    jax.block_until_ready(calls[name]())
+                out[name]["seconds"].append((now() - start) / calls_per_sample)
                 out[name]["compiles_timed"] += counter.count - before
     for name in names:
         out[name]["stats_ms"] = summarize(out[name]["seconds"])
