@@ -636,6 +636,10 @@ def test_compare_writes_the_report_with_a_split_per_seed_and_paired_deltas(tmp_p
 
 
 def test_compare_with_one_fixed_split_and_one_seed_says_n_a(tmp_path):
+    # Fresh step objects for this test: with one made by an earlier test on this worker, the w8a8 count read 0
+    # once in a fresh-clone run (its executables were gone; JAX's process-wide cache of jitted functions is
+    # bounded, the likely cause).
+    compiled_train_step.cache_clear()
     # Two workers: w8a8 trains in a spawned process, with the same result as here.
     report = compare(
         ["float", "w8a8"],
