@@ -295,6 +295,10 @@ def test_declared_identity_gradient_equals_the_composed_ste(kind, bits, group):
     np.testing.assert_array_equal(np.asarray(y1), np.asarray(y2))
     (g1,), (g2,) = vjp1(g), vjp2(g)
     np.testing.assert_array_equal(np.asarray(g1), np.asarray(g))  # the identity, exactly
+    # Declared through stejax.surrogate, so forward mode gives the same identity (a custom_vjp could not jvp).
+    y3, t3 = jax.jvp(declared, (x,), (g,))
+    np.testing.assert_array_equal(np.asarray(y3), np.asarray(declared(x)))
+    np.testing.assert_array_equal(np.asarray(t3), np.asarray(g))
     assert int(jnp.abs(codes).max()) == top and bool((codes >= -top).all())  # the clip's bottom is never reached
     expected = np.where(np.asarray(codes) == top, 0.5, 1.0) * np.asarray(g)
     np.testing.assert_allclose(np.asarray(g2), expected, rtol=4e-7, atol=0)

@@ -17,8 +17,8 @@ under ``stop_gradient`` (dynamic, never trained).
 Gradients (``ste=True``): the straight-through estimator through the rounding,
 nothing through the scale. Where the clip can never act, that is the identity,
 :math:`\partial \hat x / \partial x = 1`, and it is declared as such (one
-``jax.custom_vjp`` per quantiser whose backward pass returns the cotangent as
-it is): per-token absmax activations (:math:`|x s| \le q_{\max}`), and
+``stejax.surrogate`` per quantiser whose declared derivative is 1, so forward
+and reverse mode both pass the tangent as it is): per-token absmax activations (:math:`|x s| \le q_{\max}`), and
 per-channel or per-group absmax weights at 8 and 4 bits
 (:math:`|w/s| \le q_{\max}`, inside :math:`[-q_{\max}-1, q_{\max}]`). The
 composed form (``round_ste``, then ``jnp.clip``'s mask, then the two scale
@@ -41,6 +41,7 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
+from stejax.estimators._core import surrogate
 from stejax.estimators.absmean import absmean_ternary
 from stejax.estimators.rounding import round_ste
 
@@ -80,20 +81,8 @@ def weight_codes(w: jax.Array, s: jax.Array, bits: int, ste: bool = True) -> jax
 
 
 def _straight_through(forward: Quantiser) -> Quantiser:
-    """``forward`` with the identity as its declared gradient (the cotangent passes unchanged)."""
-
-    @jax.custom_vjp
-    def f(x: jax.Array) -> jax.Array:
-        return forward(x)
-
-    def fwd(x: jax.Array) -> tuple[jax.Array, None]:
-        return forward(x), None
-
-    def bwd(_: None, g: jax.Array) -> tuple[jax.Array]:
-        return (g,)
-
-    f.defvjp(fwd, bwd)
-    return f
+    """``forward`` with the identity as its declared derivative, through the factory (so jvp works too)."""
+    return surrogate(forward, jnp.ones_like, name=getattr(forward, "__name__", "straight_through"))
 
 
 def _int_weights(w: jax.Array, *, bits: int, group: int | None, ste: bool) -> jax.Array:

@@ -118,8 +118,8 @@ def make_optimizer(
     """Adam (AdamW with ``weight_decay``), the rate cosine-decayed to 0 over ``epochs * steps_per_epoch`` steps.
 
     ``flatten`` (default True) keeps Adam's two moments as one vector each over all
-    the parameters (``optax.flatten``): every entry gets the same arithmetic, so the
-    parameters after each step are the same bits, but an update is one fused kernel
+    the parameters (``optax.flatten``): every entry gets the same arithmetic, but an
+    update is one fused kernel
     per moment instead of one per parameter array, and the optimiser state is four
     arrays instead of two per parameter array. Training steps are short, so this
     bookkeeping is a large share of them: on the two-layer network of the Spyx
