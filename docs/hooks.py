@@ -1,6 +1,11 @@
 """MkDocs hooks for the stejax site (``mkdocs.yml`` loads this file by path).
 
-The site renders math with MathJax, and a site that must build and be read offline cannot take it from a CDN:
+Figures: every page's results calls (``{{ results_table("NAME") }}``, ``{{ figure("NAME", "KEY") }}``,
+``{{ results_figures("NAME") }}``, ``{{ results_source("NAME") }}``) are rendered from ``docs/results/NAME.json``
+by :func:`stejax.bench.results.render_markdown` before the page is converted; a missing file, row or
+figure stops the build.
+
+Math: the site renders math with MathJax, and a site that must build and be read offline cannot take it from a CDN:
 after each build this copies MathJax 3 (its ``tex-mml-chtml`` bundle, fonts and the components it loads on
 demand) from the installed ``django-static-mathjax`` package (the ``docs`` extra) into ``site/assets/mathjax``.
 """
@@ -10,6 +15,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 from typing import Any
+
+from mkdocs.exceptions import PluginError
 
 # What tex-mml-chtml.js loads by itself: TeX extensions, the CHTML fonts, the menu and accessibility parts.
 _BUNDLE = "tex-mml-chtml.js"
@@ -29,6 +36,15 @@ def mathjax_source() -> Path:
     if not (source / _BUNDLE).is_file():
         raise RuntimeError(f"expected MathJax's {_BUNDLE} in {source}; got no such file (django-static-mathjax 3.2?)")
     return source
+
+
+def on_page_markdown(markdown: str, page: Any, config: Any, **kwargs: Any) -> str:
+    from stejax.bench.results import render_markdown
+
+    try:
+        return render_markdown(markdown, Path(config["docs_dir"]) / "results")
+    except (OSError, ValueError) as error:
+        raise PluginError(f"{page.file.src_uri}: {error}") from error
 
 
 def on_post_build(config: Any, **kwargs: Any) -> None:

@@ -1,0 +1,115 @@
+"""One source of truth for figures: the committed results files, the pages that render them, the README's markers."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from stejax.bench.results import Figure, Recorder, check_markers, check_results, load_results, render_markdown
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "docs" / "results"
+PAGES = sorted((ROOT / "docs").rglob("*.md"))
+RESULTS_FILES = sorted(RESULTS.glob("*.json"))
+
+
+@pytest.fixture
+def folder(tmp_path):
+    rec = Recorder("speed", command="python bench.py --repeats 5")
+    rec.write(
+        tmp_path / "speed.json",
+        rows=[
+            {"model": "small", "batch": 1, "bytes_per_s": 1234.56, "met": True},
+            {"model": "small", "batch": 16, "bytes_per_s": 9876.5, "met": False},
+        ],
+        columns=[("model", "model"), ("batch", "batch"), ("bytes_per_s", "bytes/s", "{:,.0f}"), ("met", "met")],
+        figures={"speedup": Figure(21.4, "21.4×", target="≥ 20×", met=True)},
+    )
+    return tmp_path
+
+
+def test_a_written_file_records_its_command_commit_date_machine_and_load(folder):
+    doc = load_results(folder / "speed.json")
+    assert doc["command"] == "python bench.py --repeats 5"
+    assert set(doc["commit"]) == {"id", "uncommitted_changes"}
+    assert doc["date"][:4].isdigit()
+    assert doc["machine"]["cores"] >= 1 and doc["machine"]["jax"]
+    assert set(doc["load"]) == {"start", "end"}
+
+
+def test_tables_filter_rows_pick_columns_and_say_where_they_come_from(folder):
+    text = render_markdown('{{ results_table("speed", where="batch=16", columns="model,bytes_per_s") }}', folder)
+    assert "| model | bytes/s |" in text
+    assert "| small | 9,876 |" in text and "1,235" not in text
+    assert "`python bench.py --repeats 5`" in text and "cores" in text
+    figures = render_markdown('{{ results_figures("speed") }}', folder)
+    assert "| speedup | 21.4× | ≥ 20× | met |" in figures
+
+
+def test_figures_render_inline_but_not_inside_code_blocks(folder):
+    page = 'It is {{ figure("speed", "speedup") }} faster.\n```text\n{{ figure("speed", "speedup") }}\n```\n'
+    rendered = render_markdown(page, folder)
+    assert rendered.startswith("It is 21.4× faster.")
+    assert '```text\n{{ figure("speed", "speedup") }}\n```' in rendered
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        ('{{ figure("nothing", "x") }}', "does not exist"),
+        ('{{ figure("speed", "slowdown") }}', "no figure 'slowdown'"),
+        ('{{ results_table("speed", columns="model,latency") }}', "no column"),
+        ('{{ results_table("speed", where="batch=3") }}', "no row has"),
+        ('{{ results_table("speed", where="batch") }}', "key=value"),
+    ],
+)
+def test_a_call_that_cannot_be_rendered_names_what_is_missing(folder, call, message):
+    with pytest.raises((ValueError, FileNotFoundError), match=message):
+        render_markdown(call, folder)
+
+
+def test_a_results_file_without_command_or_machine_is_refused(folder):
+    doc = json.loads((folder / "speed.json").read_text())
+    for broken in ({**doc, "command": ""}, {k: v for k, v in doc.items() if k != "machine"}):
+        with pytest.raises(ValueError, match="command|machine"):
+            check_results(broken)
+    with pytest.raises(ValueError, match="machine"):
+        check_results({**doc, "machine": {**doc["machine"], "cpu": None}})
+    with pytest.raises(ValueError, match="command"):
+        Recorder("speed", command=" ")
+    with pytest.raises(ValueError, match="target"):
+        Figure(1.0, "1.0×", met=True)
+
+
+def test_markers_catch_a_figure_that_differs_from_its_file(folder):
+    assert check_markers("| speed-up | **21.4×** <!-- results: speed.speedup --> |", folder) == []
+    problems = check_markers("| speed-up | **20.9×** <!-- results: speed.speedup --> |", folder)
+    assert problems and "expected '21.4×'" in problems[0]
+    assert "no figure" in check_markers("x <!-- results: speed.other -->", folder)[0]
+    assert "does not exist" in check_markers("x <!-- results: gone.speedup -->", folder)[0]
+
+
+@pytest.mark.parametrize("path", RESULTS_FILES, ids=lambda p: p.name)
+def test_every_committed_results_file_records_its_command_and_machine(path):
+    doc = load_results(path)
+    assert doc["name"] == path.stem, f"{path}: its name field says {doc['name']!r}"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_every_page_renders_from_files_that_exist(page):
+    render_markdown(page.read_text("utf-8"), RESULTS)
+
+
+def test_the_readme_figures_equal_their_results_files():
+    readme = (ROOT / "README.md").read_text("utf-8")
+    assert check_markers(readme, RESULTS) == []
+    glance = re.search(r"^## Results at a glance\n(.*?)(?=^## )", readme, flags=re.M | re.S)
+    assert glance, "README.md needs a '## Results at a glance' section"
+    rows = [line for line in glance.group(1).splitlines() if line.startswith("|") and not line.startswith("|--")]
+    figure_rows = rows[1:]  # below the header
+    assert 1 <= len(figure_rows) <= 6, f"expected 1 to 6 figures at a glance; got {len(figure_rows)}"
+    unmarked = [row for row in figure_rows if "<!-- results:" not in row]
+    assert not unmarked, f"every figure at a glance must name its results file: {unmarked}"
