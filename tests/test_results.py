@@ -74,7 +74,7 @@ def test_a_call_that_cannot_be_rendered_names_what_is_missing(folder, call, mess
 def test_a_results_file_without_command_or_machine_is_refused(folder):
     doc = json.loads((folder / "speed.json").read_text())
     for broken in ({**doc, "command": ""}, {k: v for k, v in doc.items() if k != "machine"}):
-        with pytest.raises(ValueError, match="command|machine"):
+        with pytest.raises(ValueError, match=r"command|machine"):
             check_results(broken)
     with pytest.raises(ValueError, match="machine"):
         check_results({**doc, "machine": {**doc["machine"], "cpu": None}})
