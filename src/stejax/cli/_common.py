@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import click
 from rich.console import Console
@@ -63,6 +64,31 @@ def seeds_option(help: str, *, default: int | None = None) -> Callable[[F], F]:
     )
 
 
+def workers_option(*, default: int = 1) -> Callable[[F], F]:
+    """``--workers N``: processes of a comparison that train at once (its results do not depend on it)."""
+    return click.option(
+        "--workers",
+        type=click.IntRange(min=1),
+        default=default,
+        show_default=True,
+        help="Processes that train at once (about one core each; the results do not depend on it).",
+    )
+
+
+def repeats_option(help: str, *, default: int | None) -> Callable[[F], F]:
+    """``--repeats N``: timed rounds."""
+    return click.option(
+        "--repeats", type=click.IntRange(min=1), default=default, show_default=default is not None, help=help
+    )
+
+
+def warmup_option(help: str, *, default: int | None) -> Callable[[F], F]:
+    """``--warmup N``: untimed calls before the timed rounds."""
+    return click.option(
+        "--warmup", type=click.IntRange(min=0), default=default, show_default=default is not None, help=help
+    )
+
+
 def configuration_names(
     value: str | None, known: Sequence[str], *, option: str = "--configs"
 ) -> tuple[str, ...] | None:
@@ -112,6 +138,76 @@ def progress_bar(console: Console) -> Progress:
         # No bar when the output is not a terminal (pipes, CI, tests).
         disable=not console.is_terminal,
     )
+
+
+# ----------------------------------------------------------------------------- deprecated spellings
+# A renamed option, or an option that became a positional argument, keeps its old spelling for one
+# release: hidden from --help, forwarded to the new parameter, with one line on stderr naming the new
+# spelling. The hidden parameter is named "_deprecated_<old>" (tests find every old spelling by it).
+
+
+def deprecated_option(old: str, dest: str, *, required: bool | None = None, **attrs: Any) -> Callable[[F], F]:
+    """Keep the old spelling ``old`` of the parameter ``dest`` working for one release.
+
+    Put it among the command's options, below ``@click.command``; ``attrs`` are the old option's
+    ``click.option`` arguments (its ``type``, ``is_flag``...). When the user gives ``old``, its value
+    goes to ``dest`` and stderr gets one line naming the new spelling; giving both is a usage error.
+    A positional argument that used to be an option is declared ``required=False`` (with a ``metavar``)
+    and the helper is given ``required=True``: with neither spelling, click's "Missing argument" error.
+
+    Example::
+
+        @click.command("diagnose")
+        @click.argument("run_dir", required=False, metavar="RUN", type=directory(exists=True))
+        @deprecated_option("--run", "run_dir", required=True, type=directory(exists=True))
+        def diagnose_command(run_dir: Path) -> None: ...
+    """
+    hidden_name = "_deprecated_" + old.lstrip("-").replace("-", "_")
+
+    def decorate(function: F) -> F:
+        @functools.wraps(function)
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            ctx = click.get_current_context()
+            value = kwargs.pop(hidden_name)
+            target = next(p for p in ctx.command.params if p.name == dest)
+            new = _spelling(target, ctx)
+            if ctx.get_parameter_source(hidden_name) in _GIVEN:
+                if ctx.get_parameter_source(dest) in _GIVEN:
+                    raise click.UsageError(f"{old} is the old spelling of {new}; give {new} only.", ctx=ctx)
+                kwargs[dest] = value
+                now = f"the argument {new} ({_command_path(ctx)} {new})" if isinstance(target, click.Argument) else new
+                click.echo(
+                    f"Deprecated: {_command_path(ctx)} {old} is now {now}; the old spelling stops working "
+                    "in the next release.",
+                    err=True,
+                )
+            if required and kwargs.get(dest) is None:
+                raise click.MissingParameter(ctx=ctx, param=target)
+            return function(*args, **kwargs)
+
+        option = click.option(old, hidden_name, hidden=True, help=f"Deprecated: the old spelling of {dest}.", **attrs)
+        return cast(F, option(forward))
+
+    return decorate
+
+
+_GIVEN = (click.core.ParameterSource.COMMANDLINE, click.core.ParameterSource.ENVIRONMENT)
+
+
+def _spelling(param: click.Parameter, ctx: click.Context) -> str:
+    """How the user writes ``param``: its longest flag (``--repeats``) or an argument's metavar (``RUN``)."""
+    if isinstance(param, click.Argument):
+        return param.make_metavar(ctx).strip("[]")
+    return max(param.opts, key=len)
+
+
+def _command_path(ctx: click.Context) -> str:
+    """``stejax lm sample``, whatever the program was called (``python -m stejax``, a test runner)."""
+    names = []
+    while ctx.parent is not None:
+        names.append(ctx.info_name or "")
+        ctx = ctx.parent
+    return " ".join(["stejax", *reversed(names)])
 
 
 class InputError(click.ClickException):
