@@ -43,6 +43,13 @@ def lm_group() -> None:
 @click.option("--depth", type=click.IntRange(min=1), default=2, show_default=True)
 @click.option("--heads", type=click.IntRange(min=1), default=2, show_default=True)
 @click.option("--hidden", type=click.IntRange(min=1), default=160, show_default=True)
+@click.option(
+    "--norms",
+    type=click.Choice(["llama", "subln"]),
+    default="llama",
+    show_default=True,
+    help="llama: llama's norm placement (exports to GGUF); subln: BitNet's RMSNorm before every linear input.",
+)
 @click.option("--corpus", type=click.Path(exists=True, path_type=Path), default=None, help="A directory or text file.")
 def train_command(
     out: Path,
@@ -57,6 +64,7 @@ def train_command(
     depth: int,
     heads: int,
     hidden: int,
+    norms: str,
     corpus: Path | None,
 ) -> None:
     """Train the LM (float, or a quantised configuration) and write OUT.
@@ -84,7 +92,7 @@ def train_command(
         model_config = LMConfig(**json.loads((from_run / "config.json").read_text())["model"])
     else:
         try:
-            model_config = LMConfig(context=context, width=width, depth=depth, heads=heads, hidden=hidden)
+            model_config = LMConfig(context=context, width=width, depth=depth, heads=heads, hidden=hidden, norms=norms)
         except ValueError as e:
             raise click.BadParameter(str(e)) from None
     data = build_corpus(corpus)

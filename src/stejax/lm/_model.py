@@ -2,16 +2,30 @@ r"""A decoder-only byte-level transformer written with standard Flax NNX layers.
 
 Every product with a weight is an ``nnx.Linear`` (no bias), so that the model is
 quantised by rules (:func:`stejax.flax.quantize_model`) and not by a
-hand-quantised copy. Layout of one block (pre-norm, with an RMSNorm before
-*every* linear input, BitNet's "SubLN" placement, in every configuration):
+hand-quantised copy. Layout of one block (pre-norm), with ``norms="subln"``
+(an RMSNorm before *every* linear input, BitNet's "SubLN" placement):
 
 .. math::
     h &= x + W_o\,\mathrm{N}_o(\mathrm{attn}(W_q \mathrm{N}(x), W_k \mathrm{N}(x), W_v \mathrm{N}(x))) \\
     y &= h + W_{down}\,\mathrm{N}_d(\mathrm{silu}(W_{gate} \mathrm{N}'(h)) \odot W_{up} \mathrm{N}'(h))
 
+and with ``norms="llama"`` (llama's computation: no :math:`\mathrm{N}_o`, no
+:math:`\mathrm{N}_d`):
+
+.. math::
+    h &= x + W_o\,\mathrm{attn}(W_q \mathrm{N}(x), W_k \mathrm{N}(x), W_v \mathrm{N}(x)) \\
+    y &= h + W_{down}(\mathrm{silu}(W_{gate} \mathrm{N}'(h)) \odot W_{up} \mathrm{N}'(h))
+
 with causal softmax attention over rotary (or learned) positions, computed with
 ``jnp.einsum``. The output head is its own ``nnx.Linear`` (``tied=False``) or
-the embedding table (``tied=True``, through ``nnx.Embed.attend``).
+the embedding table (``tied=True``, through ``nnx.Embed.attend``). Every
+RMSNorm has :data:`RMS_EPS` as its epsilon.
+
+:data:`LLAMA` is the llama-compatible configuration (``norms="llama"``,
+rotary, SwiGLU, untied head): ``stejax lm train`` builds it, and it is the one
+that exports to GGUF and runs in llama.cpp (:func:`stejax.lm.export_gguf`).
+``LMConfig()``'s own default stays ``norms="subln"``, so that every saved
+configuration without the field loads as the architecture it was trained with.
 
 Generation keeps a key-value cache (:class:`LayerCache` per block):
 :meth:`Transformer.extend` appends new tokens' keys and values and attends over
@@ -28,9 +42,12 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-__all__ = ["LMConfig", "LayerCache", "Transformer", "init_cache", "rotary"]
+__all__ = ["LLAMA", "RMS_EPS", "LMConfig", "LayerCache", "Transformer", "init_cache", "rotary"]
 
 VOCAB = 256
+# Every RMSNorm's epsilon (nnx.RMSNorm's default); a GGUF file states it as llama.attention.layer_norm_rms_epsilon.
+RMS_EPS = 1e-6
+NORMS = ("subln", "llama")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,6 +63,12 @@ class LMConfig:
       mlp: ``"swiglu"`` or ``"gelu"``.
       positions: ``"rotary"`` or ``"learned"``.
       tied: the output head shares the embedding table.
+      norms: ``"subln"``, an RMSNorm before every linear input (BitNet's
+        placement, with RMSNorms before the attention output and the MLP's down
+        projection), or ``"llama"``, only the two pre-norms of each block
+        (llama's computation). The field's default is ``"subln"`` so that
+        configurations saved without it load unchanged; new runs use
+        :data:`LLAMA`.
     """
 
     context: int = 128
@@ -56,6 +79,7 @@ class LMConfig:
     mlp: str = "swiglu"
     positions: str = "rotary"
     tied: bool = False
+    norms: str = "subln"
 
     def __post_init__(self) -> None:
         for name in ("context", "width", "depth", "heads", "hidden"):
@@ -71,10 +95,21 @@ class LMConfig:
             raise ValueError(f"LMConfig: `mlp` must be 'swiglu' or 'gelu'; got {self.mlp!r}.")
         if self.positions not in ("rotary", "learned"):
             raise ValueError(f"LMConfig: `positions` must be 'rotary' or 'learned'; got {self.positions!r}.")
+        if self.norms not in NORMS:
+            raise ValueError(f"LMConfig: `norms` must be 'subln' or 'llama'; got {self.norms!r}.")
 
     def to_dict(self) -> dict[str, Any]:
         """The fields as a JSON-ready dict."""
         return dataclasses.asdict(self)
+
+    def replace(self, **changes: Any) -> LMConfig:
+        """A copy with fields changed (checked again)."""
+        return dataclasses.replace(self, **changes)
+
+
+# The llama-compatible architecture that new runs (``stejax lm train``) use: rotary, SwiGLU, no biases, an
+# untied head and llama's norm placement; at these widths (multiples of 32) every quantised configuration exports.
+LLAMA = LMConfig(context=64, width=64, depth=2, heads=2, hidden=160, norms="llama")
 
 
 class LayerCache(NamedTuple):
@@ -109,16 +144,18 @@ def _linear(n_in: int, n_out: int, rngs: nnx.Rngs) -> nnx.Linear:
 
 
 class Attention(nnx.Module):
-    """Causal multi-head self-attention: q, k, v and output projections, an RMSNorm before the output one."""
+    """Causal multi-head self-attention: q, k, v and output projections (``subln``: an RMSNorm before the last)."""
 
     def __init__(self, config: LMConfig, *, rngs: nnx.Rngs):
         d = config.width
         self.heads = config.heads
+        self.subln = config.norms == "subln"
         self.rotary = config.positions == "rotary"
         self.q = _linear(d, d, rngs)
         self.k = _linear(d, d, rngs)
         self.v = _linear(d, d, rngs)
-        self.o_norm = nnx.RMSNorm(d, rngs=rngs)
+        if config.norms == "subln":
+            self.o_norm = nnx.RMSNorm(d, epsilon=RMS_EPS, rngs=rngs)
         self.o = _linear(d, d, rngs)
 
     def __call__(
@@ -142,33 +179,35 @@ class Attention(nnx.Module):
         scores = jnp.where(visible[None, None], scores, -jnp.inf)
         weights = jax.nn.softmax(scores, axis=-1)
         out = jnp.einsum("bhqk,bkhd->bqhd", weights, values).reshape(b, t, d)
-        return self.o(self.o_norm(out)), cache
+        return self.o(self.o_norm(out) if self.subln else out), cache
 
 
 class MLP(nnx.Module):
-    """SwiGLU (gate, up, down) or GELU (up, down), with an RMSNorm before the down projection."""
+    """SwiGLU (gate, up, down) or GELU (up, down) (``subln``: an RMSNorm before the down projection)."""
 
     def __init__(self, config: LMConfig, *, rngs: nnx.Rngs):
         d, h = config.width, config.hidden
         self.swiglu = config.mlp == "swiglu"
+        self.subln = config.norms == "subln"
         if self.swiglu:
             self.gate = _linear(d, h, rngs)
         self.up = _linear(d, h, rngs)
-        self.down_norm = nnx.RMSNorm(h, rngs=rngs)
+        if self.subln:
+            self.down_norm = nnx.RMSNorm(h, epsilon=RMS_EPS, rngs=rngs)
         self.down = _linear(h, d, rngs)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         u = jax.nn.silu(self.gate(x)) * self.up(x) if self.swiglu else jax.nn.gelu(self.up(x))
-        return self.down(self.down_norm(u))
+        return self.down(self.down_norm(u) if self.subln else u)
 
 
 class Block(nnx.Module):
     """One pre-norm transformer block."""
 
     def __init__(self, config: LMConfig, *, rngs: nnx.Rngs):
-        self.attn_norm = nnx.RMSNorm(config.width, rngs=rngs)
+        self.attn_norm = nnx.RMSNorm(config.width, epsilon=RMS_EPS, rngs=rngs)
         self.attn = Attention(config, rngs=rngs)
-        self.mlp_norm = nnx.RMSNorm(config.width, rngs=rngs)
+        self.mlp_norm = nnx.RMSNorm(config.width, epsilon=RMS_EPS, rngs=rngs)
         self.mlp = MLP(config, rngs=rngs)
 
     def __call__(
@@ -202,7 +241,7 @@ class Transformer(nnx.Module):
         if config.positions == "learned":
             self.position = nnx.Embed(config.context, config.width, rngs=rngs)
         self.blocks = nnx.List([Block(config, rngs=rngs) for _ in range(config.depth)])
-        self.final_norm = nnx.RMSNorm(config.width, rngs=rngs)
+        self.final_norm = nnx.RMSNorm(config.width, epsilon=RMS_EPS, rngs=rngs)
         if not config.tied:
             self.head = _linear(config.width, VOCAB, rngs)
 
