@@ -2,7 +2,9 @@
 
 Run from the repository root:
 
-    .venv/bin/python benchmarks/int8_inference.py [--width 1024] [--batch 1024] [--repeats 50] [--out FILE.json]
+    .venv/bin/python benchmarks/int8_inference.py [--width 1024] [--batch 1024] [--repeats 60] [--results docs/results]
+
+``--results DIR`` writes ``DIR/int8_inference.json`` (the results file docs/artifacts.md renders).
 
 Pairs, each timed after warm-up in interleaved rounds (one call of every variant
 per round, the order rotating), medians compared:
@@ -30,12 +32,14 @@ import platform
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from stejax.bench.results import Figure, Recorder
 from stejax.export import ExportedModel, InputFormat, LayerSpec, WeightFormat, pack_codes
 
 _DOT = (((1,), (0,)), ((), ()))
@@ -94,6 +98,13 @@ def _time(variants: dict[str, tuple], repeats: int, warmup: int) -> dict[str, li
     return times
 
 
+def _command(options: argparse.Namespace) -> str:
+    return (
+        f"python benchmarks/int8_inference.py --width {options.width} --batch {options.batch} "
+        f"--repeats {options.repeats} --results docs/results"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--width", type=int, default=1024)
@@ -101,7 +112,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=50, help="interleaved timed rounds")
     parser.add_argument("--warmup", type=int, default=5, help="untimed calls per variant first")
     parser.add_argument("--out", default=None, metavar="FILE", help="also write the results as JSON")
+    parser.add_argument("--results", default=None, metavar="DIR", help="write DIR/int8_inference.json")
     options = parser.parse_args(argv)
+    recorder = Recorder("int8_inference", command=_command(options))
     n, k = options.batch, options.width
     rng = np.random.default_rng(0)
 
@@ -179,6 +192,22 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---:|---:|---:|")
     for row in rows:
         print(f"| {row['pair']} | {row['int8_ms']:.3f} | {row['float32_ms']:.3f} | {row['speedup']:.2f}x |")
+    if options.results:
+        recorder.write(
+            Path(options.results) / "int8_inference.json",
+            rows=[{k: row[k] for k in ("pair", "int8_ms", "float32_ms", "speedup")} for row in rows],
+            columns=[
+                ("pair", "pair"),
+                ("int8_ms", "int8 ms", "{:.3f}"),
+                ("float32_ms", "float32 ms", "{:.3f}"),
+                ("speedup", "speed-up", "{:.2f}×"),
+            ],
+            figures={
+                "raw_speedup": Figure(rows[0]["speedup"], f"{rows[0]['speedup']:.2f}×"),
+                "export_signed_speedup": Figure(rows[1]["speedup"], f"{rows[1]['speedup']:.2f}×"),
+            },
+            notes=f"A {k}-wide layer at batch {n}: medians of {options.repeats} interleaved rounds.",
+        )
     if options.out:
         with open(options.out, "w", encoding="utf-8") as f:
             json.dump({"settings": settings, "environment": environment, "results": rows}, f, indent=2)
