@@ -121,7 +121,6 @@ def _server(artifact_dir: Path, *, micro_batching: bool):
         "-c",
         "from stejax.cli import main; main()",
         "serve",
-        "--artifact",
         str(artifact_dir),
         "--port",
         str(port),

@@ -122,7 +122,7 @@ def test_diagnose_a_run_directory_uses_its_reference_pipeline(runner, tmp_path, 
         return healthy()
 
     monkeypatch.setattr(stejax.diagnose, "pipeline_from_run", fake_pipeline_from_run)
-    result = runner.invoke(main, ["diagnose", "--run", str(tmp_path)])
+    result = runner.invoke(main, ["diagnose", str(tmp_path)])
     assert result.exit_code == 0, result.output
     assert seen == [tmp_path]
 
@@ -130,7 +130,7 @@ def test_diagnose_a_run_directory_uses_its_reference_pipeline(runner, tmp_path, 
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        ([], "exactly one of --run DIR or --pipeline MODULE:FACTORY"),
+        ([], "exactly one of RUN or --pipeline MODULE:FACTORY"),
         (["--pipeline", "nocolon"], "expected MODULE:FUNC"),
         (["--pipeline", "builtins:dict"], "returned a dict; expected a stejax.diagnose.Pipeline"),
     ],

@@ -67,7 +67,7 @@ def test_a_corrupted_run_directory(corruption, command, run, tmp_path):
     name, corrupt, match = CORRUPTIONS[corruption]
     bad = shutil.copytree(run, tmp_path / "run")
     corrupt(bad / name)
-    args = ("export", bad, "--out", tmp_path / "art") if command == "export" else ("diagnose", "--run", bad)
+    args = ("export", bad, "--out", tmp_path / "art") if command == "export" else ("diagnose", bad)
     result = _run(*args)
     assert result.exit_code == 2, result.output
     line = _one_line(result)
@@ -79,7 +79,7 @@ def test_a_corrupted_run_directory(corruption, command, run, tmp_path):
 @pytest.mark.parametrize("command", ["export", "diagnose"])
 def test_an_artifact_directory_where_a_run_directory_is_expected(command, tmp_path):
     artifact = copy_artifact("w2a2", tmp_path / "artifact")
-    args = ("export", artifact, "--out", tmp_path / "art") if command == "export" else ("diagnose", "--run", artifact)
+    args = ("export", artifact, "--out", tmp_path / "art") if command == "export" else ("diagnose", artifact)
     result = _run(*args)
     assert result.exit_code == 2, result.output
     line = _one_line(result)
@@ -119,7 +119,7 @@ def test_serve_exits_with_the_reason_when_the_start_up_artifact_is_refused(tmp_p
 
     monkeypatch.setattr(uvicorn, "run", run_at_most_two_minutes)
     bare = copy_artifact("w2a2", tmp_path / "bare", regression=False)
-    result = _run("serve", "--artifact", bare, "--port", "0", "--buckets", "1", "--log-level", "critical")
+    result = _run("serve", bare, "--port", "0", "--buckets", "1", "--log-level", "critical")
     assert result.exit_code == 1, result.output
     assert f"artifact {bare} was refused at start-up" in " ".join(result.output.split())
     assert "no regression set" in result.output and "No admin endpoint is on" in " ".join(result.output.split())

@@ -64,7 +64,9 @@ def test_verify_a_user_estimator(user_dir):
     args = ["--reference", "user_estimators:reference", "--derivative", "user_estimators:derivative"]
     ok = _invoke("user_estimators:my_round", *args, "--boundary", "0.5", "--boundary", "1.5")
     assert ok.exit_code == 0, ok.output
-    assert (user_dir / "verify-report.json").exists()
+    # Without --out the summary is printed and nothing is written (not even into the working directory).
+    assert "passed" in ok.output and "wrote" not in ok.output
+    assert not (user_dir / "verify-report.json").exists() and not (user_dir / "verify-report.md").exists()
     broken = _invoke("user_estimators:scaled_round", *args, "--boundary", "0.5")
     assert broken.exit_code == 1, broken.output
     assert "tangent" in broken.output

@@ -148,7 +148,7 @@ def test_the_script_without_the_cli_extra_says_which_extra_to_install():
 @pytest.mark.parametrize(("command", "module"), [("serve", "starlette"), ("train", "optax")])
 def test_a_command_without_its_extra_says_which_extra_to_install(tmp_path, command, module):
     args = {
-        "serve": ["serve", "--artifact", str(tmp_path)],
+        "serve": ["serve", str(tmp_path)],
         "train": ["train", "--preset", "w4a4", "--out", str(tmp_path / "run")],
     }[command]
     code = f"sys.argv = ['stejax', *{args!r}]\nfrom stejax.__main__ import main\nmain()"

@@ -92,7 +92,7 @@ def test_train_export_sample_commands(tmp_path, corpus_dir):
             "train",
             "--out",
             str(run),
-            "--config",
+            "--preset",
             "w1.58a8",
             "--steps",
             "2",
@@ -106,16 +106,16 @@ def test_train_export_sample_commands(tmp_path, corpus_dir):
     assert result.exit_code == 0, result.output
     assert json.loads((run / "report.json").read_text())["config"] == "w1.58a8"
     art = tmp_path / "art"
-    result = runner.invoke(main, ["lm", "export", str(run), "--out", str(art)])
+    result = runner.invoke(main, ["lm", "export", str(run), str(art)])
     assert result.exit_code == 0, result.output
     size = (art / "weights.safetensors").stat().st_size
     assert f"weights.safetensors {size} bytes (predicted {size})" in result.output
     manifest = json.loads((art / "manifest.json").read_text())
     assert {e["container"] for e in manifest["quantised"].values()} == {"trit5"}
-    result = runner.invoke(main, ["lm", "sample", "--artifact", str(art), "--prompt", "def ", "--tokens", "5"])
+    result = runner.invoke(main, ["lm", "sample", str(art), "--prompt", "def ", "--tokens", "5"])
     assert result.exit_code == 0, result.output
     assert result.output.startswith("def ") and "tokens/s" in result.output
-    result = runner.invoke(main, ["lm", "sample", "--artifact", str(art), "--prompt", "def ", "--tokens", "13"])
+    result = runner.invoke(main, ["lm", "sample", str(art), "--prompt", "def ", "--tokens", "13"])
     assert result.exit_code == 2 and "exceeds the model's context of 16" in result.output
     result = runner.invoke(main, ["lm", "compare", "--out", str(tmp_path / "c"), "--configs", "w3a3"])
     assert result.exit_code == 2 and "unknown configuration(s) ['w3a3']" in result.output

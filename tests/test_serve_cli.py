@@ -26,7 +26,7 @@ def _service(app):
 
 
 def test_defaults_bind_loopback_with_admin_off(tmp_path, recorded):
-    result = CliRunner().invoke(main, ["serve", "--artifact", str(tmp_path)])
+    result = CliRunner().invoke(main, ["serve", str(tmp_path)])
     assert result.exit_code == 0, result.output
     ((app, kwargs),) = recorded
     assert kwargs["host"] == "127.0.0.1" and kwargs["port"] == 8000 and kwargs["limit_concurrency"] == 256
@@ -39,7 +39,7 @@ def test_defaults_bind_loopback_with_admin_off(tmp_path, recorded):
 def test_options_reach_the_config(tmp_path, recorded):
     token = tmp_path / "token"
     token.write_text("from-a-file\n")
-    args = ["serve", "--artifact", str(tmp_path), "--buckets", "2,16", "--oversize", "refuse", "--port", "0"]
+    args = ["serve", str(tmp_path), "--buckets", "2,16", "--oversize", "refuse", "--port", "0"]
     args += [
         "--batch-wait-ms",
         "0.5",
@@ -61,7 +61,7 @@ def test_options_reach_the_config(tmp_path, recorded):
 
 def test_the_token_may_come_from_the_environment(tmp_path, recorded, monkeypatch):
     monkeypatch.setenv("STEJAX_ADMIN_TOKEN", "from-the-env")
-    result = CliRunner().invoke(main, ["serve", "--artifact", str(tmp_path)])
+    result = CliRunner().invoke(main, ["serve", str(tmp_path)])
     assert result.exit_code == 0, result.output
     assert _service(recorded[0][0]).config.admin_token == "from-the-env"
 
@@ -69,12 +69,12 @@ def test_the_token_may_come_from_the_environment(tmp_path, recorded, monkeypatch
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        ([], "give exactly one of --artifact DIR or --registry DIR"),
-        (["--artifact", "{tmp}", "--registry", "{tmp}"], "give exactly one of --artifact DIR or --registry DIR"),
-        (["--artifact", "{tmp}", "--buckets", "1,x"], "expected comma-separated ints, e.g. 1,8,32,128; got '1,x'"),
-        (["--artifact", "{tmp}", "--buckets", "8,1"], "buckets must be strictly increasing; got (8, 1)"),
-        (["--artifact", "{tmp}", "--max-rows", "4"], "max_rows must be at least the largest bucket (128); got 4"),
-        (["--artifact", "{tmp}", "--admin-token-file", "{tmp}/empty"], "is empty"),
+        ([], "give exactly one of ARTIFACT or --registry DIR"),
+        (["{tmp}", "--registry", "{tmp}"], "give exactly one of ARTIFACT or --registry DIR"),
+        (["{tmp}", "--buckets", "1,x"], "expected comma-separated ints, e.g. 1,8,32,128; got '1,x'"),
+        (["{tmp}", "--buckets", "8,1"], "buckets must be strictly increasing; got (8, 1)"),
+        (["{tmp}", "--max-rows", "4"], "max_rows must be at least the largest bucket (128); got 4"),
+        (["{tmp}", "--admin-token-file", "{tmp}/empty"], "is empty"),
     ],
 )
 def test_bad_options_are_usage_errors(tmp_path, recorded, args, message):

@@ -107,6 +107,6 @@ def test_trust_add_list_remove_and_promote_under_the_policy(tmp_path):
 def test_serve_refuses_a_trust_key_that_is_not_a_public_key(tmp_path):
     private, _ = make_key(tmp_path / "keys", "ours")
     art = copy_artifact("w4a4", tmp_path / "art")
-    result = _run("serve", "--artifact", art, "--trust-key", private)
+    result = _run("serve", art, "--trust-key", private)
     assert result.exit_code == 2
     assert "Invalid value for --trust-key" in result.output and "that is a private key" in result.output

@@ -69,6 +69,6 @@ def test_unknown_configuration_is_refused():
     result = CliRunner().invoke(main, ["snn", "compare", "--out", "x", "--configs", "fast_sigmoid,tanh"])
     assert result.exit_code == 2 and "unknown configuration(s) ['tanh']" in result.output
     result = CliRunner().invoke(main, ["snn", "train", "--out", "x", "--surrogate", "tanh"])
-    assert result.exit_code == 2 and "unknown configuration 'tanh'" in result.output
-    result = CliRunner().invoke(main, ["snn", "compare", "--out", "x", "--steps", "8,zero"])
+    assert result.exit_code == 2 and "'tanh' is not one of 'fast_sigmoid'" in result.output
+    result = CliRunner().invoke(main, ["snn", "compare", "--out", "x", "--time-steps", "8,zero"])
     assert result.exit_code == 2 and "comma-separated positive ints" in result.output

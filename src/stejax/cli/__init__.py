@@ -19,7 +19,9 @@ module                        commands
 
 To add a command group: write ``stejax/cli/<group>.py`` defining a
 ``click.Group`` (or commands) with ``@click.group("<name>")``, then add it to
-``_COMMANDS`` below, one line. Errors: a library refusal of a user's input
+its task's section of ``_SECTIONS`` below (``stejax --help`` lists the commands
+by these sections), one line. Old spellings of renamed options keep working for
+one release through :func:`stejax.cli._common.deprecated_option`. Errors: a library refusal of a user's input
 (a missing or malformed file, a bad value) becomes one line naming the file and
 the problem and exit code 2 (see :data:`stejax.cli._common.INPUT_ERRORS`); a
 missing optional dependency becomes the ``pip install 'stejax[extra]'`` line
@@ -43,25 +45,28 @@ __all__ = ["main"]
 @click.group(cls=StejaxGroup)
 @click.version_option(package_name="stejax")
 def main() -> None:
-    """stejax: straight-through estimators and other surrogate gradients for JAX."""
+    """stejax: straight-through estimators and other surrogate gradients for JAX.
+
+    Start with `stejax list` (the estimators) or `stejax demo` (quantisation-aware
+    training end to end); `stejax COMMAND --help` tells more.
+    """
 
 
-_COMMANDS: tuple[click.Command, ...] = (
-    catalog.list_command,
-    catalog.show,
-    catalog.verify_command,
-    training.train_command,
-    training.compare_command,
-    training.demo,
-    artifacts.export_command,
-    artifacts.artifact_group,
-    artifacts.regress_group,
-    serve.serve_command,
-    bench.bench_command,
-    bench.diagnose_command,
-    vq.vq_group,
-    lm.lm_group,
-    snn.snn_group,
-)
-for _command in _COMMANDS:
-    main.add_command(_command)
+# The commands by task, in the order `stejax --help` lists them.
+_SECTIONS: dict[str, tuple[click.Command, ...]] = {
+    "Estimators": (catalog.list_command, catalog.show, catalog.verify_command),
+    "Training": (training.train_command, training.compare_command),
+    "Artifacts and serving": (
+        artifacts.export_command,
+        artifacts.artifact_group,
+        artifacts.regress_group,
+        serve.serve_command,
+    ),
+    "Measurement": (bench.bench_command, bench.diagnose_command),
+    "Examples": (training.demo, lm.lm_group, snn.snn_group, vq.vq_group),
+}
+for _commands in _SECTIONS.values():
+    for _command in _commands:
+        main.add_command(_command)
+assert isinstance(main, StejaxGroup)
+main.sections = {title: tuple(str(c.name) for c in commands) for title, commands in _SECTIONS.items()}

@@ -30,20 +30,38 @@ def existing_file() -> click.Path:
     return click.Path(exists=True, dir_okay=False, path_type=Path)
 
 
-def artifact_dir_argument(*, exists: bool = False) -> Callable[[F], F]:
-    """The ``ARTIFACT_DIR`` argument (``exists``: click checks it exists; otherwise the command says why not)."""
-    return click.argument("artifact_dir", type=directory(exists=exists))
+def artifact_dir_argument(*, exists: bool = False, required: bool = True, optional: bool = False) -> Callable[[F], F]:
+    """The ``ARTIFACT`` argument, an artifact directory, passed as ``artifact_dir``.
+
+    ``exists``: click checks it exists (otherwise the command says why not). ``required=False``: click
+    does not insist, because an old spelling still can stand in (see :func:`deprecated_option`);
+    ``optional``: an option can stand in for it (``serve --registry``), and usage shows ``[ARTIFACT]``.
+    """
+    metavar = "[ARTIFACT]" if optional else "ARTIFACT"
+    return click.argument(
+        "artifact_dir", metavar=metavar, required=required and not optional, type=directory(exists=exists)
+    )
 
 
-def run_dir_argument() -> Callable[[F], F]:
-    """The ``RUN_DIR`` argument: a run directory (``stejax train --out DIR``) that must exist."""
-    return click.argument("run_dir", type=directory(exists=True))
+def run_dir_argument(*, required: bool = True, optional: bool = False) -> Callable[[F], F]:
+    """The ``RUN`` argument, a run directory (``stejax train --out DIR``) that must exist, passed as ``run_dir``.
+
+    ``required`` and ``optional`` as for :func:`artifact_dir_argument`.
+    """
+    metavar = "[RUN]" if optional else "RUN"
+    return click.argument("run_dir", metavar=metavar, required=required and not optional, type=directory(exists=True))
 
 
 def registry_option(*, required: bool = True, exists: bool = False, help: str | None = None) -> Callable[[F], F]:
     """``--registry DIR``, passed as ``registry_dir``."""
     return click.option(
-        "--registry", "registry_dir", type=directory(exists=exists), required=required, default=None, help=help
+        "--registry",
+        "registry_dir",
+        type=directory(exists=exists),
+        required=required,
+        default=None,
+        metavar="DIR",
+        help=help or "The registry: a directory of promoted artifacts and its event log (`artifact promote` makes it).",
     )
 
 
@@ -228,7 +246,29 @@ INPUT_ERRORS: tuple[type[BaseException], ...] = (
 
 
 class StejaxGroup(click.Group):
-    """The root group: a missing optional extra or a refused input becomes one line and exit code 2."""
+    """The root group: a missing optional extra or a refused input becomes one line and exit code 2.
+
+    ``--help`` lists the commands by task, in the sections of :attr:`sections` (title: command names,
+    in order); a command in no section is listed under "Other commands".
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.sections: dict[str, tuple[str, ...]] = {}
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        commands = {name: self.get_command(ctx, name) for name in self.list_commands(ctx)}
+        shown = {name: c for name, c in commands.items() if c is not None and not c.hidden}
+        if not shown:
+            return
+        placed = {name for names in self.sections.values() for name in names}
+        sections = [*self.sections.items(), ("Other commands", tuple(n for n in shown if n not in placed))]
+        limit = max(formatter.width - 6 - max(len(name) for name in shown), 40)
+        for title, names in sections:
+            rows = [(name, shown[name].get_short_help_str(limit)) for name in names if name in shown]
+            if rows:
+                with formatter.section(title):
+                    formatter.write_dl(rows)
 
     def invoke(self, ctx: click.Context) -> Any:
         from stejax._extras import missing_extra_message

@@ -94,7 +94,7 @@ def _split_dtypes(text: str | None) -> tuple[str, ...] | None:
     return None if text is None else tuple(d.strip() for d in text.split(",") if d.strip())
 
 
-@click.command("export")
+@click.command("export", short_help="Export a trained run to an integer artifact, checked for parity.")
 @run_dir_argument()
 @out_dir_option("The artifact to write.")
 @click.option("--parent", default=None, metavar="DIR|ID", help="The parent artifact (its directory or id).")
@@ -163,7 +163,7 @@ def export_command(run_dir: Path, out: Path, parent: str | None) -> None:
     )
 
 
-@click.group("artifact")
+@click.group("artifact", short_help="Verify and sign artifacts; promote and roll back in a registry.")
 def artifact_group() -> None:
     """Verify artifacts and manage a local registry (promote, rollback, current, list)."""
 
@@ -185,7 +185,7 @@ def artifact_group() -> None:
     help="A trusted root certificate (PEM, repeatable), for artifacts signed with a certificate.",
 )
 def artifact_verify(artifact_dir: Path, public_keys: tuple[Path, ...], roots: tuple[Path, ...]) -> None:
-    """Verify ARTIFACT_DIR: every file's sha256, the safetensors headers, the contract; non-zero exit on any problem.
+    """Verify ARTIFACT: every file's sha256, the safetensors headers, the contract; non-zero exit on any problem.
 
     With --public-key (or --certificate-chain), the signature model.sig is
     checked first: signed by a trusted key, every file exactly as signed.
@@ -252,7 +252,7 @@ def artifact_sign(
     key_password_file: Path | None,
     replace: bool,
 ) -> None:
-    """Sign every file of ARTIFACT_DIR (OpenSSF model signing, offline); writes ARTIFACT_DIR/model.sig.
+    """Sign every file of ARTIFACT (OpenSSF model signing, offline); writes ARTIFACT/model.sig.
 
     The artifact is verified first. Sign last: anything written into the
     artifact afterwards (a regression set) is a file added after signing.
@@ -272,9 +272,13 @@ def artifact_sign(
 
 
 @artifact_group.command("keygen")
-@out_dir_option("The directory.")
+@out_dir_option("The directory to write the two PEM files to.")
 @click.option(
-    "--curve", type=click.Choice(["secp256r1", "secp384r1", "secp521r1"]), default="secp256r1", show_default=True
+    "--curve",
+    type=click.Choice(["secp256r1", "secp384r1", "secp521r1"]),
+    default="secp256r1",
+    show_default=True,
+    help="The elliptic curve: NIST P-256, P-384 or P-521.",
 )
 def artifact_keygen(out: Path, curve: str) -> None:
     """Make a key pair to try signing: OUT/private.pem (mode 0600, unencrypted) and OUT/public.pem."""
@@ -336,7 +340,7 @@ def artifact_trust_list(registry_dir: Path) -> None:
 @registry_option()
 @_dtypes_option
 def artifact_promote(artifact_dir: Path, registry_dir: Path, estimator_dtypes: str | None) -> None:
-    """Run the gate on ARTIFACT_DIR and, if every check passes, make it the registry's current artifact."""
+    """Run the gate on ARTIFACT and, if every check passes, make it the registry's current artifact."""
     from stejax.artifacts import Registry, RegistryError
 
     console = Console()
@@ -416,7 +420,7 @@ def regress_group() -> None:
 @regress_group.command("record")
 @artifact_dir_argument()
 def regress_record(artifact_dir: Path) -> None:
-    """Store ARTIFACT_DIR/regression: fixed inputs (a batch, one example, zeros, ties, a bad shape) and outputs."""
+    """Store ARTIFACT/regression: fixed inputs (a batch, one example, zeros, ties, a bad shape) and outputs."""
     from stejax.regress import record
 
     path = _artifact_errors(lambda: record(artifact_dir))
@@ -426,7 +430,7 @@ def regress_record(artifact_dir: Path) -> None:
 @regress_group.command("check")
 @artifact_dir_argument()
 def regress_check(artifact_dir: Path) -> None:
-    """Recompute ARTIFACT_DIR's regression set and compare at the stated per-dtype tolerances."""
+    """Recompute ARTIFACT's regression set and compare at the stated per-dtype tolerances."""
     from stejax.regress import check
 
     report = _artifact_errors(lambda: check(artifact_dir))

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from stejax.cli._common import directory, out_dir_option
+from stejax.cli._common import deprecated_option, directory, out_dir_option, run_dir_argument
 from stejax.cli.catalog import lookup
 
 __all__ = ["bench_command", "diagnose_command"]
@@ -19,7 +19,7 @@ __all__ = ["bench_command", "diagnose_command"]
 _BENCH_SUITES = ("estimators", "train", "inference", "peers", "all")
 
 
-@click.command("bench")
+@click.command("bench", short_help="Time estimators, training steps, inference and peer libraries.")
 @click.option(
     "--suite",
     "suites",
@@ -118,19 +118,23 @@ def _bench_estimators_table(suite: Mapping[str, Any]) -> Table:
     return table
 
 
-@click.command("diagnose")
+@click.command("diagnose", short_help="Find the first stage at which a training pipeline goes wrong.")
+@run_dir_argument(optional=True)
+@deprecated_option("--run", "run_dir", type=directory(exists=True))
 @click.option(
-    "--run",
-    "run_dir",
-    type=directory(exists=True),
+    "--pipeline",
+    "factory",
+    metavar="MODULE:FACTORY",
     default=None,
-    help="A run directory (stejax train --out DIR): diagnose its reference pipeline.",
+    help="Instead of RUN: a function returning a Pipeline (MODULE is a module name or a Python file).",
 )
-@click.option("--pipeline", "factory", metavar="MODULE:FACTORY", default=None, help="A function returning a Pipeline.")
 @click.option("--examples", type=click.IntRange(min=1), default=2, show_default=True, help="Examples to run on.")
 @out_dir_option("Also write diagnose.json and diagnose.md here.", required=False)
 def diagnose_command(run_dir: Path | None, factory: str | None, examples: int, out: Path | None) -> None:
     """Find the first stage at which a training pipeline goes wrong; exit 1 if one does.
+
+    Diagnoses the reference pipeline of the run directory RUN (stejax train
+    --out RUN), or a pipeline of your own with --pipeline MODULE:FACTORY.
 
     Stages: data, keys, shapes, forward, loss, gradients, update (eagerly, jit
     disabled), then jit, vmap and grad added back one at a time and compared
@@ -142,7 +146,7 @@ def diagnose_command(run_dir: Path | None, factory: str | None, examples: int, o
     from stejax.diagnose import diagnose, load_pipeline, pipeline_from_run
 
     if (run_dir is None) == (factory is None):
-        raise click.UsageError("give exactly one of --run DIR or --pipeline MODULE:FACTORY.")
+        raise click.UsageError("give exactly one of RUN or --pipeline MODULE:FACTORY.")
     try:
         if run_dir is not None:
             pipeline = pipeline_from_run(run_dir)
@@ -152,7 +156,7 @@ def diagnose_command(run_dir: Path | None, factory: str | None, examples: int, o
     except INPUT_ERRORS:  # an unreadable file of the run: the root group's one line, exit code 2
         raise
     except (ValueError, ImportError, AttributeError, TypeError, FileNotFoundError) as error:
-        hint = "--run" if run_dir is not None else "--pipeline"
+        hint = "RUN" if run_dir is not None else "--pipeline"
         raise click.BadParameter(str(error), param_hint=hint) from None
     except RuntimeError as error:
         raise click.ClickException(str(error)) from None

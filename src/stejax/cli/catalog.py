@@ -21,7 +21,7 @@ __all__ = ["list_command", "show", "verify_command"]
 
 
 @click.command("list")
-@click.option("--family", type=click.Choice(FAMILIES), default=None, help="Only this family.")
+@click.option("--family", type=click.Choice(FAMILIES), default=None, help="Only the estimators of this family.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (plain text and LaTeX, parameters, arrays) instead.")
 def list_command(family: str | None, as_json: bool) -> None:
     """List the estimators with their math and paper.
@@ -99,7 +99,7 @@ def show(name: str, out: Path | None, param_pairs: tuple[str, ...]) -> None:
     console.print(Text(f"plot: {path.resolve()}"))
 
 
-@click.command("verify")
+@click.command("verify", short_help="Check estimators against their declared forward and derivative.")
 @click.argument("target", required=False, metavar="[NAME | MODULE:FUNC]")
 @click.option("--all", "verify_all", is_flag=True, help="Verify every catalog member.")
 @click.option("--reference", metavar="MODULE:FUNC", help="The exact forward function (user estimators).")
@@ -108,9 +108,8 @@ def show(name: str, out: Path | None, param_pairs: tuple[str, ...]) -> None:
 @click.option(
     "--out",
     type=click.Path(file_okay=False, path_type=Path),
-    default=Path("."),
-    show_default=True,
-    help="Folder for verify-report.json and verify-report.md.",
+    default=None,
+    help="Also write verify-report.json and verify-report.md to this folder (default: print only).",
 )
 def verify_command(
     target: str | None,
@@ -118,7 +117,7 @@ def verify_command(
     reference: str | None,
     derivative: str | None,
     boundaries: tuple[float, ...],
-    out: Path,
+    out: Path | None,
 ) -> None:
     """Check estimators against their declarations; exit 0 only if every check passes.
 
@@ -127,7 +126,7 @@ def verify_command(
     MODULE:FUNC [--boundary B ...]` a user's estimator, where MODULE is a module
     name or a Python file (`./mymod.py:f`). --reference, --derivative and
     --boundary are for a user's estimator only: a catalog member's come from
-    the catalog. One table per dtype.
+    the catalog. One table per dtype; with --out, the reports too.
     """
     import os
 
@@ -166,9 +165,10 @@ def verify_command(
         if not verify_all or not one.ok:
             for table in _check_tables(one, failures_only=verify_all):
                 console.print(table)
-    json_path, md_path = verify.write_report(report, out)
     console.print(report.summary())
-    console.print(f"wrote {json_path} and {md_path}")
+    if out is not None:
+        json_path, md_path = verify.write_report(report, out)
+        console.print(f"wrote {json_path} and {md_path}")
     if not report.ok:
         raise SystemExit(1)
 

@@ -12,21 +12,40 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from stejax.cli._common import configuration_names, directory, guarded, out_dir_option, progress_bar, seeds_option
+from stejax.cli._common import (
+    artifact_dir_argument,
+    configuration_names,
+    deprecated_option,
+    directory,
+    guarded,
+    out_dir_option,
+    progress_bar,
+    seeds_option,
+    workers_option,
+)
 
 __all__ = ["lm_group"]
 
 _CONFIG_NAMES = ("float", "w8a8", "w4a8", "w4a4", "w2a8", "w1.58a8", "w4a8_no_ste")
 
 
-@click.group("lm")
+@click.group("lm", short_help="A byte-level transformer LM, float down to ternary weights.")
 def lm_group() -> None:
     """A quantised byte-level transformer LM: w8a8 down to BitNet b1.58 ternary."""
 
 
 @lm_group.command("train")
-@out_dir_option("The run directory.")
-@click.option("--config", "config_name", type=click.Choice(_CONFIG_NAMES), default="float", show_default=True)
+@out_dir_option("The run directory to write.")
+@click.option(
+    "--preset",
+    "config_name",
+    type=click.Choice(_CONFIG_NAMES),
+    default="float",
+    show_default=True,
+    help="The quantisation: float, or wNaM (N-bit weights, M-bit activations; w1.58: BitNet b1.58 ternary; "
+    "w4a8_no_ste: w4a8 without the straight-through gradient, a control).",
+)
+@deprecated_option("--config", "config_name", type=click.Choice(_CONFIG_NAMES))
 @click.option(
     "--from",
     "from_run",
@@ -34,15 +53,27 @@ def lm_group() -> None:
     default=None,
     help="Start from this run's parameters (QAT from a float checkpoint).",
 )
-@click.option("--steps", type=click.IntRange(min=1), default=300, show_default=True)
-@click.option("--batch-size", type=click.IntRange(min=1), default=16, show_default=True)
-@click.option("--learning-rate", type=click.FloatRange(min=0, min_open=True), default=3e-3, show_default=True)
-@click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--context", type=click.IntRange(min=2), default=64, show_default=True)
-@click.option("--width", type=click.IntRange(min=2), default=64, show_default=True)
-@click.option("--depth", type=click.IntRange(min=1), default=2, show_default=True)
-@click.option("--heads", type=click.IntRange(min=1), default=2, show_default=True)
-@click.option("--hidden", type=click.IntRange(min=1), default=160, show_default=True)
+@click.option("--steps", type=click.IntRange(min=1), default=300, show_default=True, help="Optimiser steps.")
+@click.option(
+    "--batch-size", type=click.IntRange(min=1), default=16, show_default=True, help="Windows of text per step."
+)
+@click.option(
+    "--learning-rate",
+    type=click.FloatRange(min=0, min_open=True),
+    default=3e-3,
+    show_default=True,
+    help="The peak learning rate (linear warm-up over the first 5% of the steps).",
+)
+@click.option("--seed", type=int, default=0, show_default=True, help="The seed of the initial parameters and batches.")
+@click.option(
+    "--context", type=click.IntRange(min=2), default=64, show_default=True, help="Bytes the model sees at once."
+)
+@click.option("--width", type=click.IntRange(min=2), default=64, show_default=True, help="The model dimension.")
+@click.option("--depth", type=click.IntRange(min=1), default=2, show_default=True, help="Transformer blocks.")
+@click.option("--heads", type=click.IntRange(min=1), default=2, show_default=True, help="Attention heads per block.")
+@click.option(
+    "--hidden", type=click.IntRange(min=1), default=160, show_default=True, help="The feed-forward layers' width."
+)
 @click.option(
     "--norms",
     type=click.Choice(["llama", "subln"]),
@@ -50,7 +81,12 @@ def lm_group() -> None:
     show_default=True,
     help="llama: llama's norm placement (exports to GGUF); subln: BitNet's RMSNorm before every linear input.",
 )
-@click.option("--corpus", type=click.Path(exists=True, path_type=Path), default=None, help="A directory or text file.")
+@click.option(
+    "--corpus",
+    type=click.Path(exists=True, path_type=Path),
+    default=None,
+    help="A directory or text file to train on (default: the .py files of the installed jax package).",
+)
 def train_command(
     out: Path,
     config_name: str,
@@ -169,14 +205,13 @@ def train_command(
     metavar="NAME,...",
     help="Also train these from scratch (default w1.58a8, w4a8, w4a8_no_ste).",
 )
-@click.option("--corpus", type=click.Path(exists=True, path_type=Path), default=None, help="A directory or text file.")
 @click.option(
-    "--workers",
-    type=click.IntRange(min=1),
-    default=1,
-    show_default=True,
-    help="Run the seeds in this many processes (the same figures; about one core each).",
+    "--corpus",
+    type=click.Path(exists=True, path_type=Path),
+    default=None,
+    help="A directory or text file to train on (default: the .py files of the installed jax package).",
 )
+@workers_option()
 @click.option(
     "--qwix",
     is_flag=True,
@@ -258,17 +293,41 @@ def compare_command(
 
 
 @lm_group.command("export")
-@click.argument("run", type=directory(exists=True))
-@click.option("--out", type=click.Path(path_type=Path), required=True, help="The artifact directory (must not exist).")
-def export_command(run: Path, out: Path) -> None:
-    """Pack RUN's weights at their bit width into an artifact (safetensors, manifest, hashes)."""
+@click.argument("run", metavar="RUN_OR_ARTIFACT", type=directory(exists=True))
+@click.argument("out", metavar="OUT", required=False, type=click.Path(path_type=Path))
+@deprecated_option("--out", "out", required=True, type=click.Path(path_type=Path))
+@click.option(
+    "--format",
+    "format_",
+    type=click.Choice(["artifact", "gguf"]),
+    default="artifact",
+    show_default=True,
+    help="artifact: a stejax LM artifact directory from a run; gguf: one llama.cpp GGUF file from a run or artifact.",
+)
+@click.option(
+    "--ternary",
+    type=click.Choice(["TQ2_0", "TQ1_0"]),
+    default="TQ2_0",
+    show_default=True,
+    help="With --format gguf: the type of ternary weights whose rows are multiples of 256 (2.06 or 1.69 bits).",
+)
+def export_command(run: Path, out: Path, format_: str, ternary: str) -> None:
+    """Pack RUN's weights at their bit width into the artifact OUT (safetensors, manifest, hashes).
+
+    With --format gguf, write RUN_OR_ARTIFACT (a run or an LM artifact, whose
+    manifest is checked) as the GGUF file OUT, a llama that llama.cpp runs.
+    OUT must not exist: exports never overwrite.
+    """
+    if format_ == "gguf":
+        _export_gguf(run, out, ternary)
+        return
     from flax import nnx
 
     from stejax.lm import LMConfig, Transformer, load_checkpoint
     from stejax.lm._export import export_lm, predicted_size
 
     if out.exists():
-        raise click.BadParameter(f"{out} exists; artifacts are never overwritten.", param_hint="--out")
+        raise click.BadParameter(f"{out} exists; artifacts are never overwritten.", param_hint="OUT")
     config = json.loads((run / "config.json").read_text())
     model = load_checkpoint(Transformer(LMConfig(**config["model"]), rngs=nnx.Rngs(0)), run / "params.safetensors")
     size = predicted_size(model, config["config"])
@@ -283,20 +342,47 @@ def export_command(run: Path, out: Path) -> None:
     )
 
 
+def _export_gguf(source: Path, out: Path, ternary: str) -> None:
+    from stejax.artifacts import ArtifactError
+    from stejax.lm import GGUFError, export_gguf
+
+    try:
+        result = export_gguf(source, out, ternary=ternary)
+    except (GGUFError, ArtifactError, FileExistsError) as e:
+        raise click.ClickException(str(e)) from None
+    counts: dict[str, int] = {}
+    for kind in result.types.values():
+        counts[kind] = counts.get(kind, 0) + 1
+    kinds = ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
+    Console().print(
+        Text(
+            f"wrote {out}: {result.bytes} bytes, {result.config} as {kinds} tensors; "
+            f"block weights {result.bits_per_weight:.4g} bits each"
+        )
+    )
+
+
 @lm_group.command("sample")
-@click.option("--artifact", type=directory(exists=True), required=True)
+@artifact_dir_argument(exists=True, required=False)
+@deprecated_option("--artifact", "artifact_dir", required=True, type=directory(exists=True))
 @click.option("--prompt", required=True, help="The text to continue.")
-@click.option("--tokens", type=click.IntRange(min=1), default=48, show_default=True)
-@click.option("--temperature", type=click.FloatRange(min=0), default=0.8, show_default=True)
-@click.option("--seed", type=int, default=0, show_default=True)
-def sample_command(artifact: Path, prompt: str, tokens: int, temperature: float, seed: int) -> None:
-    """Generate from an exported artifact with a key-value cache; report tokens per second against float."""
+@click.option("--tokens", type=click.IntRange(min=1), default=48, show_default=True, help="Bytes to generate.")
+@click.option(
+    "--temperature",
+    type=click.FloatRange(min=0),
+    default=0.8,
+    show_default=True,
+    help="Sampling temperature; 0 picks the most likely byte every time.",
+)
+@click.option("--seed", type=int, default=0, show_default=True, help="The seed of the sampling key.")
+def sample_command(artifact_dir: Path, prompt: str, tokens: int, temperature: float, seed: int) -> None:
+    """Generate from the exported artifact ARTIFACT with a key-value cache; report tokens per second against float."""
     import jax
 
     from stejax.lm import generate
     from stejax.lm._export import load_lm_artifact
 
-    loaded = load_lm_artifact(artifact)
+    loaded = load_lm_artifact(artifact_dir)
     key = jax.random.key(seed)
     try:
         quantised = generate(loaded.model, prompt.encode("utf-8"), tokens=tokens, key=key, temperature=temperature)

@@ -11,21 +11,16 @@ import click
 from rich.console import Console
 from rich.text import Text
 
-from stejax.cli._common import directory, existing_file, registry_option
+from stejax.cli._common import artifact_dir_argument, deprecated_option, directory, existing_file, registry_option
 
 __all__ = ["serve_command"]
 
 _ADMIN_TOKEN_ENV = "STEJAX_ADMIN_TOKEN"
 
 
-@click.command("serve")
-@click.option(
-    "--artifact",
-    "artifact_dir",
-    type=directory(exists=True),
-    default=None,
-    help="Serve this artifact directory.",
-)
+@click.command("serve", short_help="Serve an artifact over HTTP, every batch size compiled up front.")
+@artifact_dir_argument(exists=True, optional=True)
+@deprecated_option("--artifact", "artifact_dir", type=directory(exists=True))
 @registry_option(
     required=False,
     exists=True,
@@ -33,7 +28,13 @@ _ADMIN_TOKEN_ENV = "STEJAX_ADMIN_TOKEN"
 )
 @click.option("--host", default="127.0.0.1", show_default=True, help="The address to bind.")
 @click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True, help="The port to bind.")
-@click.option("--buckets", default="1,8,32,128", show_default=True, metavar="N,...", help="Batch buckets.")
+@click.option(
+    "--buckets",
+    default="1,8,32,128",
+    show_default=True,
+    metavar="N,...",
+    help="The batch sizes compiled at start-up; a request runs in the smallest bucket that holds it.",
+)
 @click.option(
     "--oversize",
     type=click.Choice(["split", "refuse"]),
@@ -41,9 +42,15 @@ _ADMIN_TOKEN_ENV = "STEJAX_ADMIN_TOKEN"
     show_default=True,
     help="Requests above the largest bucket: run in chunks, or refuse with 413.",
 )
-@click.option("--max-rows", type=click.IntRange(min=1), default=1024, show_default=True, help="Rows per request.")
 @click.option(
-    "--max-body-bytes", type=click.IntRange(min=1), default=4 * 1024 * 1024, show_default=True, help="Body limit."
+    "--max-rows", type=click.IntRange(min=1), default=1024, show_default=True, help="The most rows in one request."
+)
+@click.option(
+    "--max-body-bytes",
+    type=click.IntRange(min=1),
+    default=4 * 1024 * 1024,
+    show_default=True,
+    help="The largest request body in bytes; larger ones get 413.",
 )
 @click.option(
     "--batch-wait-ms",
@@ -52,7 +59,12 @@ _ADMIN_TOKEN_ENV = "STEJAX_ADMIN_TOKEN"
     show_default=True,
     help="The longest a request waits for others to share its bucket.",
 )
-@click.option("--micro-batching/--no-micro-batching", default=True, show_default=True)
+@click.option(
+    "--micro-batching/--no-micro-batching",
+    default=True,
+    show_default=True,
+    help="Gather concurrent requests into one bucket (waiting up to --batch-wait-ms), or run each on its own.",
+)
 @click.option(
     "--max-connections",
     type=click.IntRange(min=1),
@@ -79,6 +91,7 @@ _ADMIN_TOKEN_ENV = "STEJAX_ADMIN_TOKEN"
     type=click.Choice(["critical", "error", "warning", "info", "debug"]),
     default="info",
     show_default=True,
+    help="The least severe log messages printed (the server's and the service's).",
 )
 def serve_command(
     artifact_dir: Path | None,
@@ -98,9 +111,12 @@ def serve_command(
 ) -> None:
     """Serve a verified artifact over HTTP: POST /v1/predict, GET /v1/model, /metrics, /healthz, /readyz, /admin/*.
 
+    Serves the artifact directory ARTIFACT, or the current artifact of
+    --registry DIR (reloads then promote through it).
+
     Every bucket is compiled at start-up (no request ever compiles); /readyz
     answers 200 once that is done and the artifact passed its gate (which
-    needs its regression set: stejax regress record ART). GET /v1/model gives
+    needs its regression set: stejax regress record ARTIFACT). GET /v1/model gives
     the live model's version, input contract and the service's bounds. Bound
     to 127.0.0.1 unless --host says otherwise; --port 0 takes a free port and
     prints it. The admin endpoints (reload, rollback, status) are on only with
@@ -119,7 +135,7 @@ def serve_command(
     from stejax.serve import ArtifactSource, RegistrySource, ServeConfig, create_app
 
     if (artifact_dir is None) == (registry_dir is None):
-        raise click.UsageError("give exactly one of --artifact DIR or --registry DIR.")
+        raise click.UsageError("give exactly one of ARTIFACT or --registry DIR.")
     try:
         bucket_sizes = tuple(int(b) for b in buckets.split(","))
     except ValueError:

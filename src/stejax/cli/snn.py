@@ -8,10 +8,28 @@ from pathlib import Path
 import click
 from rich.console import Console
 
+from stejax.cli._common import deprecated_option, repeats_option, warmup_option
+
 __all__ = ["snn_group"]
 
+# The configurations of the comparison (stejax.snn.CONFIGS, without importing it at start-up; a test keeps
+# them equal): the six catalog surrogates, fast_sigmoid at slope 100, the identity straight-through
+# estimator, no surrogate (zero gradient) and a ReLU network.
+_CONFIGS = (
+    "fast_sigmoid",
+    "atan",
+    "sigmoid",
+    "triangular",
+    "boxcar",
+    "superspike",
+    "fast_sigmoid_slope100",
+    "identity",
+    "no_surrogate",
+    "ann",
+)
 
-@click.group("snn")
+
+@click.group("snn", short_help="Spiking networks trained with surrogate gradients.")
 def snn_group() -> None:
     """Spiking networks trained with surrogate gradients (LIF neurons, rate-coded digits)."""
 
@@ -65,9 +83,19 @@ _OUT = click.option(
 @click.option(
     "--epochs", type=click.IntRange(min=1), default=None, help="Training epochs (default 30; 10 with --quick)."
 )
-@click.option("--configs", default=None, metavar="NAME,...", help="Only these configurations (default: all ten).")
+@click.option(
+    "--configs",
+    default=None,
+    metavar="NAME,...",
+    help=f"Only these configurations, comma-separated, from {', '.join(_CONFIGS)} (default: all).",
+)
 @click.option("--layers", default=None, metavar="L,...", help="Hidden layer counts (default 1,2).")
-@click.option("--steps", default=None, metavar="T,...", help="Time steps per example (default 25,8).")
+@click.option(
+    "--time-steps", default=None, metavar="T,...", help="Spiking time steps per example, T (default 25,8; quick 4)."
+)
+@deprecated_option("--steps", "time_steps", metavar="T,...")
+@repeats_option("Timed rounds of the training steps (default 30; quick 3).", default=None)
+@warmup_option("Untimed calls of each training step before the timed rounds (default 3; quick 1).", default=None)
 def compare_command(
     out: Path,
     quick: bool,
@@ -75,7 +103,9 @@ def compare_command(
     epochs: int | None,
     configs: str | None,
     layers: str | None,
-    steps: str | None,
+    time_steps: str | None,
+    repeats: int | None,
+    warmup: int | None,
 ) -> None:
     """Train every surrogate configuration over split seeds and write the report.
 
@@ -106,28 +136,39 @@ def compare_command(
         tier = dataclasses.replace(tier, configs=names)
     if (values := _ints(layers, "--layers")) is not None:
         tier = dataclasses.replace(tier, hidden_layers=values)
-    if (values := _ints(steps, "--steps")) is not None:
+    if (values := _ints(time_steps, "--time-steps")) is not None:
         tier = dataclasses.replace(tier, steps=values)
+    if repeats is not None:
+        tier = dataclasses.replace(tier, timing_repeats=repeats)
+    if warmup is not None:
+        tier = dataclasses.replace(tier, timing_warmup=warmup)
     _run(tier, out, Console())
 
 
 @snn_group.command("train")
 @_OUT
-@click.option("--surrogate", default="fast_sigmoid", show_default=True, help="A configuration name of the comparison.")
+@click.option(
+    "--surrogate",
+    type=click.Choice(_CONFIGS),
+    default="fast_sigmoid",
+    show_default=True,
+    help="The spike's surrogate gradient: a configuration of `snn compare` (ann: a ReLU network instead).",
+)
 @click.option("--layers", type=click.IntRange(min=1), default=1, show_default=True, help="Hidden layers.")
 @click.option("--width", type=click.IntRange(min=1), default=128, show_default=True, help="Neurons per hidden layer.")
-@click.option("--steps", type=click.IntRange(min=1), default=25, show_default=True, help="Time steps T.")
+@click.option(
+    "--time-steps", type=click.IntRange(min=1), default=25, show_default=True, help="Spiking time steps per example, T."
+)
+@deprecated_option("--steps", "time_steps", type=click.IntRange(min=1))
 @click.option("--seeds", type=click.IntRange(min=1), default=1, show_default=True, help="Split seeds 0..N-1.")
 @click.option("--epochs", type=click.IntRange(min=1), default=30, show_default=True, help="Training epochs.")
-def train_command(out: Path, surrogate: str, layers: int, width: int, steps: int, seeds: int, epochs: int) -> None:
+def train_command(out: Path, surrogate: str, layers: int, width: int, time_steps: int, seeds: int, epochs: int) -> None:
     """Train one spiking network on the rate-coded digits and write its report and pictures."""
-    from stejax.snn import CONFIGS, Tier
+    from stejax.snn import Tier
 
-    if surrogate not in CONFIGS:
-        raise click.BadParameter(
-            f"unknown configuration {surrogate!r}; expected one of {', '.join(CONFIGS)}.", param_hint="--surrogate"
-        )
-    tier = Tier((surrogate,), tuple(range(seeds)), (layers,), (steps,), width=width, epochs=epochs, timing_repeats=10)
+    tier = Tier(
+        (surrogate,), tuple(range(seeds)), (layers,), (time_steps,), width=width, epochs=epochs, timing_repeats=10
+    )
     console = Console()
     _run(tier, out, console)
     summary = json.loads((out / "report.json").read_text(encoding="utf-8"))["summary"]

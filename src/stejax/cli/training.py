@@ -11,7 +11,15 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from stejax.cli._common import epoch_line, guarded, progress_bar
+from stejax.cli._common import (
+    deprecated_option,
+    epoch_line,
+    guarded,
+    progress_bar,
+    repeats_option,
+    warmup_option,
+    workers_option,
+)
 from stejax.cli.catalog import _catalog_table, _plot
 from stejax.estimators.catalog import CATALOG
 from stejax.render import catalog_markdown
@@ -20,6 +28,8 @@ __all__ = ["compare_command", "demo", "train_command"]
 
 
 _MODEL_CHOICE = click.Choice(["mlp", "cnn"])
+# The QAT presets (stejax.model.PRESETS, without importing the model at start-up; a test keeps them equal).
+_PRESETS = ("float", "w8a8", "w4a4", "w2a2", "w1a32", "w1a1", "w4a4_no_ste")
 
 
 def _configs_option(function):
@@ -28,7 +38,7 @@ def _configs_option(function):
         "configs",
         default=None,
         metavar="NAME,...",
-        help="Only these QAT configurations, comma-separated (default: all seven).",
+        help=f"Only these QAT presets, comma-separated, from {', '.join(_PRESETS)} (default: all).",
     )(function)
 
 
@@ -43,7 +53,14 @@ def _split_option(function):
 
 
 @click.command("train")
-@click.option("--preset", "preset_name", default=None, metavar="NAME", help="A QAT preset (see `compare`).")
+@click.option(
+    "--preset",
+    "preset_name",
+    type=click.Choice(_PRESETS),
+    default=None,
+    help="A QAT preset, trained with the default recipe: float, or weights/activations at 8, 4, 2 or 1 bits "
+    "(w4a4_no_ste: w4a4 without the straight-through gradient, a control).",
+)
 @click.option(
     "--config",
     "config_file",
@@ -53,7 +70,7 @@ def _split_option(function):
 )
 @click.option("--epochs", type=click.IntRange(min=1), default=None, help="Override the number of epochs.")
 @click.option("--seed", type=click.IntRange(min=0), default=None, help="Override the training seed.")
-@click.option("--model", type=_MODEL_CHOICE, default=None, help="Override the model: mlp or cnn.")
+@click.option("--model", type=_MODEL_CHOICE, default=None, help="Override the model: a multilayer perceptron or a CNN.")
 @click.option(
     "--out",
     type=click.Path(file_okay=False, path_type=Path),
@@ -154,42 +171,30 @@ def train_command(
     console.print(Text(f"run directory: {out.resolve()}"))
 
 
-_workers_option = click.option(
-    "--workers",
-    type=click.IntRange(min=1),
-    default=2,
-    show_default=True,
-    help="Processes that train at once (configurations shared out whole; the results do not depend on it).",
-)
-
-
 @click.command("compare")
 @click.option("--seeds", type=click.IntRange(min=1), default=10, show_default=True, help="Seeds per configuration.")
 @_split_option
 @click.option("--epochs", type=click.IntRange(min=1), default=None, help="Override the number of epochs.")
-@click.option("--model", type=_MODEL_CHOICE, default=None, help="Override the model: mlp or cnn.")
+@click.option("--model", type=_MODEL_CHOICE, default=None, help="Override the model: a multilayer perceptron or a CNN.")
 @_configs_option
-@click.option(
-    "--timing-repeats",
-    type=click.IntRange(min=1),
-    default=200,
-    show_default=True,
-    help="Interleaved rounds of step timing.",
-)
+@repeats_option("Interleaved timed rounds of the training steps.", default=200)
+@deprecated_option("--timing-repeats", "repeats", type=click.IntRange(min=1))
+@warmup_option("Untimed calls of each training step before the timed rounds.", default=10)
 @click.option(
     "--out",
     type=click.Path(file_okay=False, path_type=Path),
     required=True,
     help="Folder for report.md, report.json, plots/ and runs/.",
 )
-@_workers_option
+@workers_option()
 def compare_command(
     seeds: int,
     split: str,
     epochs: int | None,
     model: str | None,
     configs: str | None,
-    timing_repeats: int,
+    repeats: int,
+    warmup: int,
     out: Path,
     workers: int,
 ) -> None:
@@ -210,12 +215,13 @@ def compare_command(
         epochs=epochs,
         model=model,
         configs=configs,
-        repeats=timing_repeats,
+        repeats=repeats,
+        warmup=warmup,
         workers=workers,
     )
 
 
-@click.command()
+@click.command(short_help="Train every QAT preset on the digits and compare them (a few minutes).")
 @click.option(
     "--out",
     type=click.Path(file_okay=False, path_type=Path),
@@ -233,22 +239,31 @@ def compare_command(
     show_default=True,
     help="Also draw every estimator into OUT/plots and write OUT/catalog.md (as in docs/).",
 )
-@_workers_option
+@workers_option(default=2)
 def demo(
     out: Path, seeds: int, split: str, epochs: int | None, configs: str | None, catalog: bool, workers: int
 ) -> None:
-    """Run the main job: the QAT comparison on the digits, with its report in OUT.
+    """Try stejax end to end: train every QAT preset on the digits and write the comparison to OUT.
 
-    The same as `stejax compare --out OUT` with the default recipe: every QAT
-    configuration over 10 seeds, a split per seed, then OUT/report.md, OUT/report.json and the
-    plots. A few minutes on two CPU cores.
+    The same as `stejax compare --out OUT --workers 2` with the default recipe:
+    every QAT preset over 10 seeds, a split per seed, then OUT/report.md,
+    OUT/report.json and the plots. A few minutes on two CPU cores.
     """
     console = Console()
     out.mkdir(parents=True, exist_ok=True)
     if catalog:
         _demo_catalog(console, out)
     _run_compare(
-        console, out, seeds=seeds, split=split, epochs=epochs, model=None, configs=configs, repeats=200, workers=workers
+        console,
+        out,
+        seeds=seeds,
+        split=split,
+        epochs=epochs,
+        model=None,
+        configs=configs,
+        repeats=200,
+        warmup=10,
+        workers=workers,
     )
 
 
@@ -330,6 +345,7 @@ def _run_compare(
     model: str | None,
     configs: str | None,
     repeats: int,
+    warmup: int,
     workers: int = 1,
 ) -> None:
     from stejax.model import PRESETS
@@ -371,6 +387,7 @@ def _run_compare(
                 base=base,
                 out_dir=out,
                 timing_repeats=repeats,
+                timing_warmup=warmup,
                 on_event=on_event,
                 workers=workers,
             )

@@ -12,7 +12,7 @@ from stejax.cli._common import configuration_names, epochs_option, out_dir_optio
 __all__ = ["vq_group"]
 
 
-@click.group("vq")
+@click.group("vq", short_help="Vector-quantised autoencoders: codebooks, FSQ, the rotation trick.")
 def vq_group() -> None:
     """Vector-quantised autoencoders: codebooks, FSQ, the rotation trick."""
 
@@ -26,7 +26,9 @@ def vq_group() -> None:
     "--configs",
     default=None,
     metavar="NAME,...",
-    help="Only these configurations, comma-separated (default: all nine).",
+    help="Only these configurations, comma-separated, from vq_ste-plain, vq_ste-ema, vq_ste-kmeans_dead_code, "
+    "rotation_trick-plain, rotation_trick-ema, rotation_trick-kmeans_dead_code, fsq, gumbel_softmax_st, no_gradient "
+    "(default: all).",
 )
 @click.option(
     "--codebook-init-scale",
