@@ -18,6 +18,7 @@ from stejax.estimators._entry import Entry, ParamSpec
 from stejax.estimators.catalog import FAMILIES
 
 __all__ = [
+    "FAMILY_EXAMPLES",
     "IMAGES",
     "catalog_markdown",
     "default_text",
@@ -35,6 +36,84 @@ __all__ = [
 
 # The folder of the pictures, relative to the catalog page.
 IMAGES = "img"
+
+# One runnable example per family, shown under the family's heading on the catalog page (each runs in
+# tests/test_docs.py, in order, in one namespace).
+FAMILY_EXAMPLES: dict[str, tuple[str, str]] = {
+    "rounding": (
+        "The value is the rounding's; the gradient is the identity's. `stochastic_round` takes an explicit key.",
+        """
+import jax
+import jax.numpy as jnp
+
+import stejax
+
+x = jnp.array([0.4, 1.5, 2.5, -0.6])
+print(stejax.round_ste(x))  # [ 0.  2.  2. -1.]: ties to even, as jnp.round
+print(jax.grad(lambda x: stejax.round_ste(x).sum())(x))  # [1. 1. 1. 1.]
+print(stejax.stochastic_round(x, key=jax.random.key(0)))  # up or down, with E[y] = x
+""",
+    ),
+    "binary": (
+        "Binary and ternary weights: the forward is exactly ±1 (or 0, ±1); the derivative is clipped.",
+        """
+w = jnp.array([-1.7, -0.2, 0.0, 0.3, 2.0])
+print(stejax.sign_ste(w))  # [-1. -1.  1.  1.  1.]: sign(0) = +1
+print(jax.grad(lambda w: stejax.sign_ste(w).sum())(w))  # [0. 1. 1. 1. 0.]: zero outside |w| <= 1
+print(stejax.absmean_ternary(w))  # BitNet b1.58: codes in {-1, 0, 1} times the mean |w|
+""",
+    ),
+    "uniform": (
+        "Uniform quantisers. `fake_quant` takes a scale (from a calibration such as `absmax_scale`); `lsq` "
+        "learns its step. Initialise the step as the LSQ paper does, 2·mean|w|/√Q_P, and train it with the "
+        "weights: it is one more leaf of the parameters.",
+        """
+import optax
+
+scale = stejax.absmax_scale(w, bits=8)
+print(stejax.fake_quant(w, scale, bits=8))  # int8 codes times the scale
+
+bits = 4
+q_p = 2 ** (bits - 1) - 1  # the largest signed code: 7
+w = jax.random.normal(jax.random.key(0), (256,))
+params = {"w": w, "step": 2 * jnp.abs(w).mean() / jnp.sqrt(q_p)}
+target = jnp.round(w * 3) / 3  # something to fit
+
+
+def loss(p):
+    return jnp.mean((stejax.lsq(p["w"], p["step"], bits=bits) - target) ** 2)
+
+
+optimizer = optax.adam(1e-2)
+state = optimizer.init(params)
+for _ in range(20):
+    grads = jax.grad(loss)(params)
+    updates, state = optimizer.update(grads, state)
+    params = optax.apply_updates(params, updates)
+print(float(params["step"]))  # the step moved with the weights
+""",
+    ),
+    "latent": (
+        "Latent quantisers for autoencoders: a codebook's nearest code (`vq_quantize`, `rotation_trick`) or "
+        "finite scalar quantisation (`fsq`), with the encoder's gradient passed through.",
+        """
+z = jax.random.normal(jax.random.key(1), (4, 3))
+codebook = jax.random.normal(jax.random.key(2), (16, 3))
+q = stejax.vq_quantize(z, codebook)  # each row replaced by its nearest code
+print(jnp.isin(q, codebook).all(), jax.grad(lambda z: stejax.vq_quantize(z, codebook).sum())(z).shape)
+print(stejax.fsq(jnp.tanh(z), levels=(8, 5, 5)))  # each channel on its own grid of levels
+""",
+    ),
+    "spiking": (
+        "Spikes: the forward is the step function; each surrogate is a different derivative around the threshold.",
+        """
+v = jnp.array([-1.0, -0.05, 0.0, 0.05, 1.0])  # membrane potential minus threshold
+print(stejax.heaviside_fast_sigmoid(v))  # [0. 0. 0. 1. 1.]: a spike where v > 0
+print(jax.grad(lambda v: stejax.heaviside_fast_sigmoid(v, slope=25.0).sum())(v))
+print(jax.grad(lambda v: stejax.heaviside(v, "triangular").sum())(v))
+""",
+    ),
+}
 
 # fmt: off
 _SYMBOLS = {
@@ -219,6 +298,9 @@ def render_page(entries: Iterable[Entry]) -> str:
         if not members:
             continue
         lines += ["", f"## {family.capitalize()}"]
+        if family in FAMILY_EXAMPLES:
+            intro, code = FAMILY_EXAMPLES[family]
+            lines += ["", intro, "", "```python", code.strip("\n"), "```"]
         for e in members:
             lines += ["", *render_entry(e)]
     return "\n".join(lines) + "\n"
