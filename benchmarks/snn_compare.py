@@ -1,4 +1,4 @@
-"""The surrogate comparison on the digits (issue 17): the library's ``stejax.snn.compare``, tier by tier.
+"""The surrogate comparison on the digits: the library's ``stejax.snn.compare``, tier by tier.
 
 Usage::
 

@@ -1,4 +1,4 @@
-"""The readout of the surrogate comparison (issue 17), judged on the validation split only.
+"""The readout of the surrogate comparison, judged on the validation split only.
 
 Trains every configuration of :data:`stejax.snn.CONFIGS` with a chosen readout
 (``lif``: a spiking output layer read by its spike counts; ``integrator``: the
