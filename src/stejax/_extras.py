@@ -21,6 +21,8 @@ EXTRA_OF: dict[str, str] = {
     "model_signing": "sign",
     "cryptography": "sign",
     "OpenSSL": "sign",
+    "gguf": "gguf",
+    "llama_cpp": "gguf",
 }
 
 

@@ -1,0 +1,235 @@
+"""The digits models (:class:`stejax.export.ExportedModel`) as QDQ graphs, and their float32 twins."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax
+import numpy as np
+
+from stejax.export import ExportedModel, LayerSpec
+from stejax.export._model import flatten_weights
+from stejax.export._packing import unpack_codes
+from stejax.onnx._graph import Graph, OnnxExportError
+
+__all__ = ["digits_graph", "weight_format_name"]
+
+
+def weight_format_name(model: ExportedModel, *, float_model: bool) -> str:
+    """``"float"``, ``"int4"`` (every quantised weight fits 4 bits) or ``"int8"``: the file's weight format."""
+    if float_model:
+        return "float"
+    quantised = [layer.weights for layer in model.layers if layer.weights.quantised]
+    if quantised and all(w.method != "sign" and w.bits <= 4 for w in quantised):
+        return "int4"
+    return "int8"
+
+
+def _codes(layer: LayerSpec, p: dict[str, np.ndarray]) -> np.ndarray:
+    return np.asarray(unpack_codes(jax.numpy.asarray(p["w"]), layer.weights.container, layer.w_shape), np.int64)
+
+
+def _float_weights(layer: LayerSpec, p: dict[str, np.ndarray]) -> np.ndarray:
+    """The weights stejax multiplies by in float: codes x scale (the same float32 product as DequantizeLinear)."""
+    if not layer.weights.quantised:
+        return np.asarray(p["w"], np.float32)
+    # The scale (scalar or per output channel) broadcasts along the last axis, the output channels.
+    return _codes(layer, p).astype(np.float32) * np.asarray(p["w_scale"], np.float32)
+
+
+def _to_onnx_layout(layer: LayerSpec, w: np.ndarray, prev: LayerSpec | None) -> np.ndarray:
+    """HWIO -> OIHW for a conv; for a dense layer after a conv, rows reordered from NHWC to NCHW flattening."""
+    if layer.kind == "conv":
+        return np.transpose(w, (3, 2, 0, 1))
+    if prev is not None and prev.kind == "conv":
+        h, w_, c = _conv_out_shape(prev)
+        return w.reshape(h, w_, c, -1).transpose(2, 0, 1, 3).reshape(h * w_ * c, -1)
+    return w
+
+
+def _conv_out_shape(layer: LayerSpec) -> tuple[int, int, int]:
+    h, w, _ = layer.in_shape
+    return math.ceil(h / layer.stride), math.ceil(w / layer.stride), layer.out_channels
+
+
+def _same_pads(layer: LayerSpec) -> list[int]:
+    """XLA's "SAME" padding as ONNX pads (begin..., end...): the odd pixel at the end, as SAME_UPPER."""
+    kh, kw = layer.w_shape[:2]
+    begins, ends = [], []
+    for size, k in zip(layer.in_shape[:2], (kh, kw), strict=True):
+        out = math.ceil(size / layer.stride)
+        total = max((out - 1) * layer.stride + k - size, 0)
+        begins.append(total // 2)
+        ends.append(total - total // 2)
+    return begins + ends
+
+
+def _check_exportable(model: ExportedModel) -> None:
+    for i, layer in enumerate(model.layers):
+        if layer.inputs.quantised and layer.inputs.method != "sign" and layer.inputs.quantised_bits > 16:
+            raise OnnxExportError(
+                f"layers/{i} ({layer.kind}): {layer.inputs.bits}-bit inputs have no ONNX integer type (at most 16)."
+            )
+
+
+def digits_graph(model: ExportedModel, *, float_model: bool) -> tuple[Graph, str]:
+    """The graph of ``model``: QDQ (``float_model=False``) or float32 weights and activations; and its output name.
+
+    Input ``features`` (batch, in_features) float32, raw (the graph standardises
+    them with the training normaliser); output ``logits`` (batch, n_classes).
+    """
+    _check_exportable(model)
+    weights = {k: np.asarray(jax.device_get(v)) for k, v in flatten_weights(model.weights).items()}
+    g = Graph("stejax_digits_float" if float_model else "stejax_digits_qdq")
+    mean = g.const("normalizer/mean", weights["normalizer/mean"], np.float32)
+    std = g.const("normalizer/std", weights["normalizer/std"], np.float32)
+    x = g.node("Div", [g.node("Sub", ["features", mean], "normalize/centred"), std], "normalize/standardised")
+    # Dense products run on rank-3 activations (batch, 1, features): a rank-2 MatMul followed by its bias Add
+    # is fused into a float Gemm (ORT level 1) before the QDQ fusions (level 2) could make it an integer kernel.
+    rank3 = g.const("shape/rank3", [0, -1] if float_model else [0, 1, -1], np.int64)
+    z = x
+    layout = "flat"  # flat (batch, n) | rank3 (batch, 1, n) | nchw
+    for i, layer in enumerate(model.layers):
+        p = {k.split("/")[-1]: v for k, v in weights.items() if k.startswith(f"layers/{i}/")}
+        prev = model.layers[i - 1] if i else None
+        hint = f"layers/{i}"
+        u = g.node("Relu", [z], f"{hint}/relu") if layer.relu else z
+        u = _to_layout(g, u, layer, layout, rank3, hint)
+        quantised = _q(layer, float_model)
+        w_onnx = _to_onnx_layout(layer, _codes(layer, p) if quantised else _float_weights(layer, p), prev)
+        b = np.asarray(p["b"], np.float32)
+        if layer.kind == "conv" and layer.integer and not float_model:
+            z = _integer_conv(g, layer, p, u, w_onnx, b, hint)
+        else:
+            if layer.inputs.quantised and not float_model:
+                codes = _quantise_input(g, layer, p, u, hint)
+                a = g.dequantize(codes, *_input_qparams(g, layer, p, hint), hint=f"{hint}/input")
+            else:
+                a = u
+            w = _dequantised_weights(g, layer, p, w_onnx, hint) if quantised else g.const(f"{hint}/w", w_onnx)
+            if layer.kind == "conv":
+                y = g.node("Conv", [a, w], f"{hint}/conv", pads=_same_pads(layer), strides=[layer.stride] * 2)
+                z = g.node("Add", [y, g.const(f"{hint}/b", b.reshape(1, -1, 1, 1))], f"{hint}/bias")
+            else:
+                z = g.node("Add", [g.node("MatMul", [a, w], f"{hint}/matmul"), g.const(f"{hint}/b", b)], f"{hint}/bias")
+        layout = "nchw" if layer.kind == "conv" else ("flat" if float_model else "rank3")
+    if layout == "rank3":
+        z = g.node("Reshape", [z, g.const("shape/logits", [0, -1], np.int64)], "logits/flat")
+    logits = g.node("Identity", [z], "logits")
+    return g, logits
+
+
+def _integer_conv(
+    g: Graph, layer: LayerSpec, p: dict[str, np.ndarray], u: str, w_codes: np.ndarray, b: np.ndarray, hint: str
+) -> str:
+    """``ConvInteger(codes, w codes) -> int32``, then ``x (s_a * s_w) + b`` in float32, as stejax's integer path.
+
+    Not ORT's QDQ convolution (QLinearConv): that adds the bias as int32 codes and
+    requantises its output with its own rounding; stejax rescales the int32
+    accumulator in float32, and so does this.
+    """
+    from onnx import TensorProto
+
+    codes = _quantise_input(g, layer, p, u, hint)
+    lo, hi = layer.inputs.levels
+    zero = g.const(f"{hint}/a_zero", 0, _code_dtype(lo, hi))
+    w = _weight_codes(g, layer, w_codes, hint)
+    acc = g.node("ConvInteger", [codes, w, zero], f"{hint}/conv", pads=_same_pads(layer), strides=[layer.stride] * 2)
+    a_step = np.float32(1) if layer.inputs.method == "sign" else np.asarray(p["a_step"], np.float32)
+    scale = (a_step * np.asarray(p["w_scale"], np.float32)).astype(np.float32)  # the float32 product stejax uses
+    scale = scale.reshape(1, -1, 1, 1) if scale.ndim else scale
+    acc_f = g.node("Cast", [acc], f"{hint}/acc_float", to=TensorProto.FLOAT)
+    y = g.node("Mul", [acc_f, g.const(f"{hint}/scale", scale)], f"{hint}/rescale")
+    return g.node("Add", [y, g.const(f"{hint}/b", b.reshape(1, -1, 1, 1))], f"{hint}/bias")
+
+
+def _q(layer: LayerSpec, float_model: bool) -> bool:
+    return layer.weights.quantised and not float_model
+
+
+def _input_qparams(g: Graph, layer: LayerSpec, p: dict[str, np.ndarray], hint: str) -> tuple[str, str]:
+    """(scale, zero point) names of a quantised input: the step (1 for sign codes) and 0 in the codes' type."""
+    fmt = layer.inputs
+    step = np.float32(1) if fmt.method == "sign" else np.asarray(p["a_step"], np.float32)
+    lo, hi = fmt.levels
+    dtype = _code_dtype(lo, hi)
+    return g.const(f"{hint}/a_step", step, np.float32), g.const(f"{hint}/a_zero", 0, dtype)
+
+
+def _code_dtype(lo: int, hi: int) -> Any:
+    for dtype in (np.int8, np.uint8, np.int16, np.uint16):
+        info = np.iinfo(dtype)
+        if info.min <= lo and hi <= info.max:
+            return dtype
+    raise OnnxExportError(f"codes in [{lo}, {hi}] fit no ONNX QuantizeLinear type (int8, uint8, int16, uint16).")
+
+
+def _quantise_input(g: Graph, layer: LayerSpec, p: dict[str, np.ndarray], u: str, hint: str) -> str:
+    """The integer codes of a layer's input ``u``: a ``QuantizeLinear`` whose output feeds the product.
+
+    LSQ, round_no_ste and PACT: ``QuantizeLinear(u, s, 0)``, ``round_half_even(u / s)``
+    saturated to the type (int8 for a signed grid, uint8 for an unsigned one); a grid
+    narrower than the type is clipped first, in float, to ``[lo * s, hi * s]``
+    (``round(fl(hi * s) / s)`` is ``hi``: the bound is a few ulps from ``hi``). sign:
+    ``Where(u < 0, -1, 1)`` (``-0.0`` and ``0`` give ``+1``, as stejax's sign), then
+    ``QuantizeLinear`` with scale 1 (exact on +-1). A ``Clip`` or ``Cast`` between the
+    ``QuantizeLinear`` and the ``DequantizeLinear`` would keep ORT from fusing the product.
+    """
+    fmt = layer.inputs
+    lo, hi = fmt.levels
+    scale, zero = _input_qparams(g, layer, p, hint)
+    if fmt.method == "sign":
+        u = g.node(
+            "Where",
+            [
+                g.node("Less", [u, g.const(f"{hint}/zero", 0, np.float32)], f"{hint}/negative"),
+                g.const(f"{hint}/minus_one", -1, np.float32),
+                g.const(f"{hint}/one", 1, np.float32),
+            ],
+            f"{hint}/sign",
+        )
+        return g.quantize(u, scale, zero, f"{hint}/input")
+    info = np.iinfo(_code_dtype(lo, hi))
+    if (lo, hi) != (info.min, info.max):
+        step = np.asarray(p["a_step"], np.float32)
+        bounds = [g.const(f"{hint}/{n}", np.float32(v) * step, np.float32) for n, v in (("lo", lo), ("hi", hi))]
+        u = g.node("Clip", [u, *bounds], f"{hint}/levels")
+    return g.quantize(u, scale, zero, f"{hint}/input")
+
+
+def _to_layout(g: Graph, t: str, layer: LayerSpec, layout: str, rank3: str, hint: str) -> str:
+    """``t`` reshaped for the layer's product: NCHW for a conv, (batch, 1, n) for a dense layer."""
+    if layer.kind == "conv":
+        if layout == "nchw":
+            return t
+        h, w, c = layer.in_shape
+        nhwc = g.node("Reshape", [t, g.const(f"{hint}/nhwc", [0, h, w, c], np.int64)], f"{hint}/nhwc")
+        return g.node("Transpose", [nhwc], f"{hint}/nchw", perm=[0, 3, 1, 2])
+    if layout == "rank3":
+        return t
+    return g.node("Reshape", [t, rank3], f"{hint}/rank3")
+
+
+def _dequantised_weights(g: Graph, layer: LayerSpec, p: dict[str, np.ndarray], codes: np.ndarray, hint: str) -> str:
+    """Integer codes -> DequantizeLinear(scale per output channel or per tensor).
+
+    2..4-bit codes are stored as ONNX INT4 and cast to int8 in the graph (ORT folds
+    the cast of a constant, then fuses the int8 weights into its integer kernels);
+    5..8-bit and binary codes are int8; 9..16-bit codes int16.
+    """
+    w = _weight_codes(g, layer, codes, hint)
+    scale = np.asarray(p["w_scale"], np.float32)
+    axis = None if scale.ndim == 0 else (0 if layer.kind == "conv" else 1)
+    return g.dequantize(w, g.const(f"{hint}/w_scale", scale), None, f"{hint}/w", axis=axis)
+
+
+def _weight_codes(g: Graph, layer: LayerSpec, codes: np.ndarray, hint: str) -> str:
+    from onnx import TensorProto
+
+    fmt = layer.weights
+    if fmt.method != "sign" and fmt.bits <= 4:
+        return g.node("Cast", [g.const_int4(f"{hint}/w_int4", codes)], f"{hint}/w_int8", to=TensorProto.INT8)
+    if fmt.method == "sign" or fmt.bits <= 8:
+        return g.const(f"{hint}/w_int8", codes, np.int8)
+    return g.const(f"{hint}/w_int16", codes, np.int16)
