@@ -33,8 +33,6 @@ from stejax.cli import main
 from stejax.data import Normalizer, Splits, load_digits, split
 from stejax.model import PRESETS, apply, check_params, init_params, param_spec, preset
 from stejax.train import (
-    TARGETS,
-    TARGETS_SET_FOR,
     Batch,
     NonFiniteError,
     StepMetrics,
@@ -57,6 +55,7 @@ from stejax.train import (
     update,
 )
 from stejax.train._compare import NUMERICAL_TOLERANCES
+from stejax.train._targets import TARGETS, TARGETS_SET_FOR
 
 LOGIT_TOL = NUMERICAL_TOLERANCES["jit_vs_eager_logits"]
 LOSS_TOL = NUMERICAL_TOLERANCES["jit_vs_eager_loss"]
@@ -277,9 +276,9 @@ def test_update_compiles_once_for_all_seeds():
     # an eviction by them cannot pass for a recompilation here.
     compiled_train_step.cache_clear()
     train(dataclasses.replace(config, seed=0), splits=_splits())
-    # The second seed compiles nothing: one program for every step and seed, logging steps included (the
-    # fractions sit under a lax.cond). Counted as XLA compilations, not by the jitted function's cache size,
-    # which read 0 right after training in two fresh-clone runs.
+    # The second seed compiles nothing: one step program and one statistics program serve every step and seed,
+    # logging steps included. Counted as XLA compilations, not by the jitted functions' cache sizes, which read 0
+    # right after training in two fresh-clone runs.
     with CompileCounter() as counter:
         train(dataclasses.replace(config, seed=1), splits=_splits())
     assert counter.count == 0
@@ -350,6 +349,30 @@ def test_logged_update_is_update_with_the_fractions_on_logging_steps_only():
             assert fractions == jax.tree.leaves(want[2].zero_grad) and any(float(f) > 0 for f in fractions)
         else:
             assert all(float(f) == 0 for f in fractions)
+
+
+def test_train_step_computes_the_fractions_only_when_it_logs_with_update_s_values():
+    # Dropout on (TINY): the statistics program must see the step's own masks.
+    mc, qc, params = _model("mlp", "w4a4")
+    batch, key, opt = _batch()._replace(x=_batch().x * np.float32(8)), jax.random.key(3), make_optimizer(TINY, 8)
+    want = compiled_update(mc, qc, opt)(params, opt.init(params), batch, key)
+    step = compiled_train_step(mc, qc, opt)
+    with CompileCounter() as counter:
+        _, _, quiet = step(params, opt.init(params), batch, key, False)
+    compiled_quietly = counter.count
+    for log in (True, False):
+        new, state, metrics = step(params, opt.init(params), batch, key, log)
+        for a, b in zip(jax.tree.leaves((new, state)), jax.tree.leaves(want[:2]), strict=True):
+            np.testing.assert_array_equal(a, b)
+        assert float(metrics.loss) == float(want[2].loss) and bool(metrics.finite)
+        if log:
+            assert jax.tree.structure(metrics.zero_grad) == jax.tree.structure(want[2].zero_grad)
+            fractions = jax.tree.leaves(metrics.zero_grad)
+            assert fractions == jax.tree.leaves(want[2].zero_grad) and any(float(f) > 0 for f in fractions)
+        else:
+            assert metrics.zero_grad == {}
+    # A step that does not log runs the update alone: the statistics program is compiled on the first logged step.
+    assert quiet.zero_grad == {} and compiled_quietly <= 1
 
 
 def test_non_finite_loss_is_named():
@@ -557,6 +580,23 @@ def test_paired_delta_matches_a_hand_computation():
         paired_delta([0.9, 0.8], [0.9])
 
 
+@pytest.mark.parametrize(
+    ("accuracy", "reference", "message"),
+    [
+        ([0.9, 97.5], [0.9, 0.9], r"fractions in \[0, 1\]; got accuracy\[1\] = 97.5 \(a percentage\? divide by 100\)"),
+        ([0.9, 0.9], [98.0, 97.0], r"got reference\[0\] = 98.0 \(a percentage"),
+        ([0.9, -0.1], [0.9, 0.9], r"got accuracy\[1\] = -0.1\.$"),
+        ([0.9, float("nan")], [0.9, 0.9], r"got accuracy\[1\] = nan\.$"),
+        ([1.0, 0.0], [0.0, 1.5], r"got reference\[1\] = 1.5 \(a percentage"),
+    ],
+)
+def test_paired_delta_refuses_values_outside_zero_one(accuracy, reference, message):
+    # Percentages instead of fractions would give a difference 100 times too large.
+    with pytest.raises(ValueError, match=message):
+        paired_delta(accuracy, reference)
+    assert paired_delta([1.0, 0.0], [0.0, 1.0])["mean"] == 0.0  # the bounds themselves are fractions
+
+
 def test_time_steps_interleaves_and_uses_fresh_keys():
     order, used = [], []
 
@@ -741,7 +781,7 @@ def test_cli_train_reports_a_non_finite_run(runner, tmp_path, tiny_data, monkeyp
 def test_cli_compare_end_to_end(runner, tmp_path, tiny_data):
     out = tmp_path / "cmp"
     args = ["compare", "--seeds", "1", "--epochs", "1", "--model", "mlp", "--configs", "float,w4a4", "--split", "fixed"]
-    result = runner.invoke(main, [*args, "--timing-repeats", "3", "--out", str(out)])
+    result = runner.invoke(main, [*args, "--repeats", "3", "--out", str(out)])
     assert result.exit_code == 0, result.output
     report = json.loads((out / "report.json").read_text())
     assert list(report["summary"]) == ["float", "w4a4"] and report["setup"]["split"] == "fixed"

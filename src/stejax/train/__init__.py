@@ -12,9 +12,6 @@ QAT preset over seeds, a split per seed, paired with float
 """
 
 from stejax.train._compare import SPLITS as SPLITS
-from stejax.train._compare import TARGETS as TARGETS
-from stejax.train._compare import TARGETS_SET_FOR as TARGETS_SET_FOR
-from stejax.train._compare import Target as Target
 from stejax.train._compare import compare as compare
 from stejax.train._compare import paired_delta as paired_delta
 from stejax.train._compare import time_steps as time_steps
@@ -41,6 +38,8 @@ from stejax.train._seeds import train_seeds as train_seeds
 from stejax.train._step import Batch as Batch
 from stejax.train._step import NonFiniteError as NonFiniteError
 from stejax.train._step import StepMetrics as StepMetrics
+from stejax.train._step import TrainStep as TrainStep
+from stejax.train._step import compiled_statistics as compiled_statistics
 from stejax.train._step import compiled_train_step as compiled_train_step
 from stejax.train._step import compiled_update as compiled_update
 from stejax.train._step import evaluate as evaluate
@@ -49,4 +48,5 @@ from stejax.train._step import logged_update as logged_update
 from stejax.train._step import loss as loss
 from stejax.train._step import needs_key as needs_key
 from stejax.train._step import raise_if_nonfinite as raise_if_nonfinite
+from stejax.train._step import step_statistics as step_statistics
 from stejax.train._step import update as update

@@ -69,10 +69,10 @@ def train(
     The data: ``splits`` (default: :func:`load_splits`), standardised by a
     :class:`stejax.data.Normalizer` fitted on the training split. Each epoch walks
     the training split in a fresh random order in batches of ``batch_size``
-    (the remainder dropped), one jitted :func:`logged_update` per batch (compiled
+    (the remainder dropped), one :func:`compiled_train_step` per batch (compiled
     once per configuration and reused by every seed; the zero-gradient fractions
-    are computed on the epoch's last batch only, the logging step), then scores
-    the validation split.
+    are computed on the epoch's last batch only, the logging step, by a
+    forward-only program beside the step), then scores the validation split.
     The test split is scored once, after training, with the best parameters; it
     never steers training or selection.
 
@@ -164,7 +164,8 @@ def train(
     qat_config = config.qat_config()
     optimizer = make_optimizer(config, steps_per_epoch)
     # Only an epoch's last batch (the logging step) computes the zero-gradient fractions:
-    # one program with the fractions under a lax.cond on one device; with a mesh, two.
+    # on one device by a forward-only program beside the step (TrainStep); with a mesh,
+    # by the step compiled with them.
     train_step = compiled_train_step(model_config, qat_config, optimizer)
     if mesh is not None:
         step_fns = {

@@ -18,7 +18,9 @@ __all__ = [
     "Batch",
     "NonFiniteError",
     "StepMetrics",
+    "TrainStep",
     "compiled_evaluate",
+    "compiled_statistics",
     "compiled_train_step",
     "compiled_update",
     "evaluate",
@@ -27,6 +29,7 @@ __all__ = [
     "loss",
     "needs_key",
     "raise_if_nonfinite",
+    "step_statistics",
     "update",
 ]
 
@@ -304,9 +307,11 @@ def logged_update(
     training-mode forward (the same ``params``, ``batch`` and ``key``, so the same
     dropout masks and quantiser inputs as the step's own forward pass) inside a
     ``jax.lax.cond``; when it is False that branch does not run and the fractions
-    are zeros. One program serves every step of an epoch, and only the logging
-    steps pay for the statistics (:func:`stejax.train.train` logs the last batch
-    of each epoch).
+    are zeros. One program serves every step, for a caller that needs a single
+    program (:func:`stejax.train.train_seeds` vmaps it over runs); the untaken
+    branch still costs the other steps a few percent on a CPU, so
+    :func:`stejax.train.train` takes a :class:`TrainStep` instead (two programs,
+    nothing for the statistics on a step that does not log).
 
     The second pass reuses the step's key on purpose (same key, same masks); it
     reads a ``jax.random.clone`` of it, so JAX's key-reuse checker accepts it.
@@ -475,17 +480,95 @@ def compiled_update(
     return jax.jit(step)
 
 
-@functools.lru_cache(maxsize=64)
-def compiled_train_step(model_config: ModelConfig, qat_config: QATConfig, optimizer: optax.GradientTransformation):
-    """:func:`logged_update` jitted for one model, QAT configuration and optimiser (cached).
+def step_statistics(
+    params: Any,
+    batch: Batch | tuple[ArrayLike, ArrayLike],
+    key: jax.Array | None,
+    *,
+    model_config: ModelConfig,
+    qat_config: QATConfig,
+) -> dict[str, dict[str, jax.Array]]:
+    """The zero-gradient fractions :func:`update` reports for a step, without the step.
 
-    ``(params, opt_state, batch, key, log) -> (params, opt_state, metrics)``, the
-    step :func:`stejax.train.train` takes on every batch (``log`` True on an
-    epoch's last); compiled once per configuration and batch shape, reused by
-    every seed.
+    A training-mode :func:`forward` of the step's inputs (the same ``params``,
+    ``batch`` and ``key``, so the same dropout masks and quantiser inputs as the
+    step's own forward pass), batch-averaged: the values of ``update(...,
+    statistics=True).zero_grad`` bit for bit, from a program that computes
+    nothing else. The key is read through a ``jax.random.clone``, so JAX's
+    key-reuse checker accepts the step consuming it too.
+
+    Args:
+      params, batch, key, model_config, qat_config: as for :func:`update`.
+
+    Returns:
+      ``{"layer_i": {part: float32 ()}}``, :class:`StepMetrics`'s ``zero_grad``.
     """
-    step = functools.partial(logged_update, model_config=model_config, qat_config=qat_config, optimizer=optimizer)
-    return jax.jit(step)
+    stats_key = None if key is None else jax.random.clone(key)
+    out = forward(
+        params, batch[0], model_config=model_config, qat_config=qat_config, key=stats_key, train=True, return_stats=True
+    )
+    if not isinstance(out, tuple):  # pragma: no cover - return_stats=True returns a pair
+        raise TypeError(f"step_statistics: forward(..., return_stats=True) returned {type(out).__name__}.")
+    return out[1]
+
+
+@functools.lru_cache(maxsize=64)
+def compiled_statistics(model_config: ModelConfig, qat_config: QATConfig):
+    """:func:`step_statistics` jitted for one model and QAT configuration (cached): ``(params, batch, key)``."""
+    return jax.jit(functools.partial(step_statistics, model_config=model_config, qat_config=qat_config))
+
+
+class TrainStep:
+    """The step :func:`stejax.train.train` takes, ``(params, opt_state, batch, key, log)``.
+
+    Returns ``(params, opt_state, metrics)`` as :func:`update` does, from two
+    compiled programs. Every step runs ``update(..., statistics=False)``
+    (:func:`compiled_update`): the update, the loss and the finite flag, nothing
+    else. A step with ``log`` True (``train`` logs an epoch's last batch) also
+    runs :func:`compiled_statistics` on the same ``params``, ``batch`` and
+    ``key``, a forward pass alone, and its metrics carry the fractions: the
+    values ``update(..., statistics=True)`` computes, bit for bit. A step that
+    logs nothing pays nothing for them, and the second program costs a
+    forward-only compilation once per configuration. ``log`` is a Python bool
+    (or a concrete bool array); a step that does not log reports ``zero_grad``
+    empty, as ``statistics=False`` does.
+    """
+
+    def __init__(self, model_config: ModelConfig, qat_config: QATConfig, optimizer: optax.GradientTransformation):
+        self.update = compiled_update(model_config, qat_config, optimizer, statistics=False)
+        self.statistics = compiled_statistics(model_config, qat_config)
+
+    def __call__(
+        self,
+        params: Any,
+        opt_state: optax.OptState,
+        batch: Batch | tuple[ArrayLike, ArrayLike],
+        key: jax.Array | None,
+        log: ArrayLike,
+    ) -> tuple[Any, optax.OptState, StepMetrics]:
+        # Dispatched first: it reads the parameters before the step replaces them.
+        zero_grad = self.statistics(params, batch, key) if bool(log) else None
+        new_params, opt_state, metrics = self.update(params, opt_state, batch, key)
+        if zero_grad is not None:
+            metrics = metrics._replace(zero_grad=zero_grad)
+        return new_params, opt_state, metrics
+
+    def _cache_size(self) -> int:
+        """Compilations of the every-step program (the statistics program compiles on the first logged step)."""
+        return self.update._cache_size()
+
+
+@functools.lru_cache(maxsize=64)
+def compiled_train_step(
+    model_config: ModelConfig, qat_config: QATConfig, optimizer: optax.GradientTransformation
+) -> TrainStep:
+    """The step :func:`stejax.train.train` takes, for one model, QAT configuration and optimiser (cached).
+
+    ``(params, opt_state, batch, key, log) -> (params, opt_state, metrics)``: a
+    :class:`TrainStep`, ``log`` True on an epoch's last batch. Its programs
+    compile once per configuration and batch shape and serve every seed.
+    """
+    return TrainStep(model_config, qat_config, optimizer)
 
 
 @functools.lru_cache(maxsize=64)
