@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 from rich.console import Console
 
-from stejax.cli._common import deprecated_option, repeats_option, warmup_option
+from stejax.cli._common import deprecated_option, repeats_option, warmup_option, workers_option
 
 __all__ = ["snn_group"]
 
@@ -46,7 +46,7 @@ def _ints(text: str | None, option: str) -> tuple[int, ...] | None:
     return values
 
 
-def _run(tier, out: Path, console: Console) -> None:
+def _run(tier, out: Path, console: Console, workers: int = 1) -> None:
     from stejax.snn import compare
 
     def show(event):
@@ -57,7 +57,7 @@ def _run(tier, out: Path, console: Console) -> None:
         )
         console.print(f"{event['config']}: {rest}", markup=False)
 
-    report = compare(tier, out_dir=out, on_event=show)
+    report = compare(tier, out_dir=out, on_event=show, workers=workers)
     for t in report["targets"]:
         met = "n/a " if t["met"] is None else ("PASS" if t["met"] else "FAIL")
         console.print(f"{met} {t['target']}: {t['measured']}", markup=False)
@@ -96,6 +96,7 @@ _OUT = click.option(
 @deprecated_option("--steps", "time_steps", metavar="T,...")
 @repeats_option("Timed rounds of the training steps (default 30; quick 3).", default=None)
 @warmup_option("Untimed calls of each training step before the timed rounds (default 3; quick 1).", default=None)
+@workers_option()
 def compare_command(
     out: Path,
     quick: bool,
@@ -106,6 +107,7 @@ def compare_command(
     time_steps: str | None,
     repeats: int | None,
     warmup: int | None,
+    workers: int,
 ) -> None:
     """Train every surrogate configuration over split seeds and write the report.
 
@@ -142,7 +144,7 @@ def compare_command(
         tier = dataclasses.replace(tier, timing_repeats=repeats)
     if warmup is not None:
         tier = dataclasses.replace(tier, timing_warmup=warmup)
-    _run(tier, out, Console())
+    _run(tier, out, Console(), workers)
 
 
 @snn_group.command("train")

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import multiprocessing
 import os
 import platform
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -108,6 +110,7 @@ def compare(
     recipe: SNNTrainConfig | None = None,
     on_event: Callable[[Mapping[str, Any]], None] | None = None,
     plots: bool = True,
+    workers: int = 1,
 ) -> dict[str, Any]:
     """Run the comparison of ``tier``; write ``report.json``, ``report.md`` and ``plots/`` under ``out_dir``.
 
@@ -122,16 +125,24 @@ def compare(
         its ``n_steps`` is replaced per group.
       on_event: called with ``{"event": "config", ...}`` after each configuration.
       plots: draw the figures (matplotlib).
+      workers: processes that train at once (default 1: this one only). With
+        ``n > 1`` the configurations of each group train in ``n`` spawned
+        processes, every seed of a configuration in one; the results are the
+        same (each training is the same pure computation), and the step timing
+        stays in this process. A script that calls this with ``workers > 1``
+        needs the ``if __name__ == "__main__":`` guard.
 
     Returns:
       The report, as written.
 
     Raises:
-      ValueError: an unknown configuration.
+      ValueError: an unknown configuration, or ``workers`` not a positive int.
     """
     unknown = [c for c in tier.configs if c not in CONFIGS]
     if unknown or not tier.configs:
         raise ValueError(f"compare: unknown configuration(s) {unknown}; expected names from {tuple(CONFIGS)}.")
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ValueError(f"compare: workers must be a positive int (processes that train at once); got {workers!r}.")
     recipe = SNNTrainConfig(epochs=tier.epochs) if recipe is None else recipe
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -142,14 +153,22 @@ def compare(
     curves: dict[str, list[float]] = {}
     example: dict[str, Any] = {}
     report: dict[str, Any] = {}
+    # JAX's threads do not survive a fork: the workers are spawned.
+    pool = None if workers == 1 else ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
     for n_layers in tier.hidden_layers:
         for n_steps in tier.steps:
             config = dataclasses.replace(recipe, n_steps=n_steps)
             steps_setup = {}
+            futures: dict[str, Future[Any]] = {}
+            if pool is not None:
+                futures = {name: pool.submit(_train_one, name, tier, n_layers, config, splits) for name in tier.configs}
             for name in tier.configs:
                 key = config_name(name, n_layers, n_steps)
                 net, net_recipe = _network(name, tier, n_layers, config)
-                result = train_seeds(net, net_recipe, tier.seeds, splits=splits)
+                if pool is None:
+                    result = train_seeds(net, net_recipe, tier.seeds, splits=splits)
+                else:
+                    result = futures[name].result()
                 summary[key], runs[key] = _summarise(name, n_layers, n_steps, result)
                 curves[key] = result.train_loss.mean(axis=0).tolist()
                 first = jax.tree.map(lambda a: a[0], result.params)
@@ -171,7 +190,15 @@ def compare(
                 summary[key]["step_ms_median"] = 1e3 * statistics.median(t)
             report = _report(tier, recipe, summary, runs, splits, time.perf_counter() - started)
             _write(out, report, curves, example, plots)
+    if pool is not None:
+        pool.shutdown()
     return report
+
+
+def _train_one(name: str, tier: Tier, n_layers: int, config: SNNTrainConfig, splits: Sequence[Any]) -> Any:
+    """One configuration's seeds in a worker process, as :func:`compare` trains them in its own."""
+    net, net_recipe = _network(name, tier, n_layers, config)
+    return jax.device_get(train_seeds(net, net_recipe, tier.seeds, splits=splits))
 
 
 _EVENT_FIELDS = ("test_accuracy_mean", "test_accuracy_std", "train_loss_epoch5", "train_loss_epoch10", "spike_rate")

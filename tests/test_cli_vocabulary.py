@@ -1,0 +1,291 @@
+"""One CLI vocabulary: every command of the click application, walked.
+
+Every visible option has help text and every choice lists its values; the spellings that used to
+mean different things in different commands are gone from --help; each old spelling still works for
+one release, says so on stderr, names the new spelling and is hidden.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+import pytest
+from click.testing import CliRunner
+
+import stejax.cli.snn
+import stejax.cli.training
+from stejax.cli import main
+
+# Old spelling -> new spelling, by command (a new spelling in capitals is a positional argument).
+RENAMES = {
+    ("compare", "--timing-repeats"): "--repeats",
+    ("diagnose", "--run"): "RUN",
+    ("serve", "--artifact"): "ARTIFACT",
+    ("lm train", "--config"): "--preset",
+    ("lm export", "--out"): "OUT",
+    ("lm sample", "--artifact"): "ARTIFACT",
+    ("snn train", "--steps"): "--time-steps",
+    ("snn compare", "--steps"): "--time-steps",
+    ("vq compare", "--configs"): "--variants",
+}
+# Spellings that no command shows any more, whatever the command.
+RETIRED = {"--timing-repeats", "--run", "--artifact"}
+COMPARISONS = ("compare", "lm compare", "snn compare", "vq compare")
+
+
+def _walk(command: click.Command, path: str = "") -> list[tuple[str, click.Command]]:
+    found = [(path, command)] if path else []
+    if isinstance(command, click.Group):
+        for name, sub in sorted(command.commands.items()):
+            found += _walk(sub, f"{path} {name}".strip())
+    return found
+
+
+COMMANDS = dict(_walk(main))
+
+
+def _ctx(path: str) -> click.Context:
+    return click.Context(COMMANDS[path], info_name=path.split()[-1])
+
+
+def _visible_options(path: str) -> list[click.Option]:
+    return [p for p in COMMANDS[path].params if isinstance(p, click.Option) and not p.hidden]
+
+
+def _option(path: str, flag: str) -> click.Option:
+    (option,) = [p for p in _visible_options(path) if flag in p.opts]
+    return option
+
+
+def test_the_walk_finds_every_command():
+    assert {"list", "verify", "train", "compare", "demo", "serve", "diagnose", "bench", "export"} <= set(COMMANDS)
+    assert {"lm train", "lm sample", "lm export", "snn compare", "vq compare", "artifact trust add"} <= set(COMMANDS)
+
+
+@pytest.mark.parametrize("path", sorted(COMMANDS))
+def test_every_command_and_option_explains_itself(path):
+    command = COMMANDS[path]
+    assert (command.help or "").strip(), f"stejax {path} has no description"
+    for option in _visible_options(path):
+        assert (option.help or "").strip(), f"stejax {path} {option.opts[0]} has no help text"
+        assert "see `compare`" not in option.help and "(see compare)" not in option.help
+
+
+@pytest.mark.parametrize("path", sorted(COMMANDS))
+def test_every_choice_lists_its_values(path):
+    ctx = _ctx(path)
+    for param in COMMANDS[path].params:
+        if isinstance(param.type, click.Choice) and not getattr(param, "hidden", False):
+            assert param.type.choices, f"stejax {path} {param.name}: a choice of nothing"
+            record = param.get_help_record(ctx) if isinstance(param, click.Option) else None
+            shown = " ".join(record) if record else param.make_metavar(ctx)
+            missing = [c for c in param.type.choices if str(c) not in shown]
+            assert not missing, f"stejax {path} {param.name}: --help does not list {missing}"
+
+
+@pytest.mark.parametrize("path", sorted(COMMANDS))
+def test_no_inconsistent_spelling_is_shown(path):
+    for option in _visible_options(path):
+        for flag in option.opts + option.secondary_opts:
+            assert flag not in RETIRED, f"stejax {path} {flag}: retired, see RENAMES"
+            assert (path, flag) not in RENAMES, f"stejax {path} {flag} is now {RENAMES[path, flag]}"
+        if "--config" in option.opts:  # --config is always a JSON file ...
+            assert isinstance(option.type, click.Path) and not option.type.dir_okay, f"stejax {path} --config"
+        if "--preset" in option.opts:  # ... and --preset always a name
+            assert isinstance(option.type, click.Choice), f"stejax {path} --preset"
+        if "--steps" in option.opts:  # training steps; spiking time steps are --time-steps
+            assert not path.startswith("snn"), f"stejax {path} --steps"
+        if "--out" in option.opts:  # never the working directory by default
+            assert option.default is None or Path(str(option.default)) != Path("."), f"stejax {path} --out"
+        if "--repeats" in option.opts or "--warmup" in option.opts or "--workers" in option.opts:
+            assert isinstance(option.type, click.IntRange), f"stejax {path} {option.opts[0]}"
+
+
+@pytest.mark.parametrize("path", [p for p in COMPARISONS if p in COMMANDS])
+def test_every_comparison_takes_workers_with_one_default(path):
+    assert _option(path, "--workers").default == 1
+    assert _option("demo", "--workers").default == 2  # the demo keeps its two processes
+
+
+def test_runs_and_artifacts_are_positional():
+    for path, name in [
+        ("export", "run_dir"),
+        ("diagnose", "run_dir"),
+        ("serve", "artifact_dir"),
+        ("artifact verify", "artifact_dir"),
+        ("regress record", "artifact_dir"),
+        ("lm sample", "artifact_dir"),
+        ("lm export", "run"),
+        ("lm export", "out"),
+    ]:
+        (param,) = [p for p in COMMANDS[path].params if p.name == name]
+        assert isinstance(param, click.Argument), (path, name)
+
+
+def test_help_groups_the_commands_by_task():
+    result = CliRunner().invoke(main, ["--help"])
+    assert result.exit_code == 0, result.output
+    sections = ["Estimators:", "Training:", "Artifacts and serving:", "Measurement:", "Examples:"]
+    at = [result.output.index(title) for title in sections]
+    assert at == sorted(at)
+    assert "Other commands:" not in result.output  # every command has its section
+    blocks = dict(zip(sections, [result.output[i:j] for i, j in zip(at, [*at[1:], None])], strict=True))
+    assert all(f"  {name} " in blocks["Estimators:"] for name in ("list", "show", "verify"))
+    assert all(f"  {name} " in blocks["Artifacts and serving:"] for name in ("export", "artifact", "regress", "serve"))
+    assert all(f"  {name} " in blocks["Examples:"] for name in ("demo", "lm", "snn", "vq"))
+
+
+# ------------------------------------------------------------------------------------------ deprecations
+
+
+def _deprecated(path: str) -> dict[str, click.Option]:
+    return {
+        p.opts[0]: p
+        for p in COMMANDS[path].params
+        if isinstance(p, click.Option) and p.name and p.name.startswith("_deprecated_")
+    }
+
+
+def test_every_old_spelling_is_in_the_table_hidden_and_points_at_its_new_spelling():
+    found = {(path, flag) for path in COMMANDS for flag in _deprecated(path)}
+    assert found == set(RENAMES)
+    for (path, flag), new in RENAMES.items():
+        assert _deprecated(path)[flag].hidden
+        help_text = CliRunner().invoke(main, [*path.split(), "--help"]).output
+        assert f"{flag} " not in help_text and f"{flag}\n" not in help_text, (path, flag)
+        assert new in help_text, (path, new)
+
+
+def _both(old_args, new_args, **runner_kwargs):
+    """Run the old and the new spelling; the same outcome, and a deprecation line for the old one only."""
+    runner = CliRunner(**runner_kwargs)
+    old, new = runner.invoke(main, old_args), runner.invoke(main, new_args)
+    assert old.exit_code == new.exit_code, (old.output, new.output)
+    assert "Deprecated" not in new.stderr
+    (line,) = [x for x in old.stderr.splitlines() if x.startswith("Deprecated")]
+    assert old.stderr.replace(line + "\n", "") == new.stderr
+    assert old.stdout == new.stdout
+    return line, new
+
+
+def test_compare_timing_repeats(monkeypatch, tmp_path):
+    calls = []
+    monkeypatch.setattr(stejax.cli.training, "_run_compare", lambda console, out, **kwargs: calls.append(kwargs))
+    line, new = _both(
+        ["compare", "--out", str(tmp_path), "--timing-repeats", "7"],
+        ["compare", "--out", str(tmp_path), "--repeats", "7"],
+    )
+    assert new.exit_code == 0 and calls[0] == calls[1] and calls[0]["repeats"] == 7
+    assert line == (
+        "Deprecated: stejax compare --timing-repeats is now --repeats; the old spelling stops working in the next "
+        "release."
+    )
+
+
+def test_diagnose_run(tmp_path):
+    line, new = _both(["diagnose", "--run", str(tmp_path)], ["diagnose", str(tmp_path)])
+    assert new.exit_code == 2  # an empty directory is no run: the same refusal either way
+    assert line.startswith("Deprecated: stejax diagnose --run is now the argument RUN (stejax diagnose RUN)")
+
+
+def test_serve_artifact(tmp_path):
+    # A bad --buckets is refused after ARTIFACT was taken: the directory reached the command.
+    line, new = _both(
+        ["serve", "--artifact", str(tmp_path), "--buckets", "1,x"], ["serve", str(tmp_path), "--buckets", "1,x"]
+    )
+    assert new.exit_code == 2 and "expected comma-separated ints" in new.output
+    assert "now the argument ARTIFACT" in line
+
+
+def test_lm_sample_artifact(tmp_path):
+    line, new = _both(
+        ["lm", "sample", "--artifact", str(tmp_path), "--prompt", "x"], ["lm", "sample", str(tmp_path), "--prompt", "x"]
+    )
+    assert new.exit_code != 0 and "now the argument ARTIFACT" in line
+
+
+def test_lm_export_out(tmp_path):
+    run, out = tmp_path / "run", tmp_path / "exists"
+    run.mkdir(), out.mkdir()
+    line, new = _both(["lm", "export", str(run), "--out", str(out)], ["lm", "export", str(run), str(out)])
+    assert new.exit_code == 2 and "exists; artifacts are never overwritten" in new.output
+    assert "stejax lm export --out is now the argument OUT" in line
+
+
+def test_lm_train_config_name(monkeypatch, tmp_path):
+    import stejax.lm
+
+    def stop(model, name):
+        raise click.ClickException(f"would train {name}")
+
+    monkeypatch.setattr(stejax.lm, "quantize_lm", stop)
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for i in range(40):  # enough files for the hash split to give each split some
+        (corpus / f"m{i}.py").write_text(f"def f{i}(x):\n    return x + {i}\n", encoding="utf-8")
+    shape = ["--context", "8", "--width", "8", "--depth", "1", "--heads", "1", "--hidden", "8", "--corpus", str(corpus)]
+    args = ["lm", "train", "--out", str(tmp_path / "run"), *shape]
+    line, new = _both([*args, "--config", "w4a8"], [*args, "--preset", "w4a8"])
+    assert new.exit_code == 1 and "would train w4a8" in new.output
+    assert line.startswith("Deprecated: stejax lm train --config is now --preset;")
+
+
+def test_snn_time_steps(monkeypatch, tmp_path):
+    tiers = []
+
+    def run(tier, out, console, workers=1):
+        tiers.append(tier)
+        (out / "report.json").write_text('{"summary": {}}', encoding="utf-8")
+
+    monkeypatch.setattr(stejax.cli.snn, "_run", run)
+    line, new = _both(
+        ["snn", "train", "--out", str(tmp_path), "--steps", "6"],
+        ["snn", "train", "--out", str(tmp_path), "--time-steps", "6"],
+    )
+    assert new.exit_code == 0 and tiers[0] == tiers[1] and tiers[0].steps == (6,)
+    assert "stejax snn train --steps is now --time-steps" in line
+    line, new = _both(
+        ["snn", "compare", "--out", "x", "--steps", "8,zero"],
+        ["snn", "compare", "--out", "x", "--time-steps", "8,zero"],
+    )
+    assert new.exit_code == 2 and "--time-steps" in new.output and "comma-separated positive ints" in new.output
+
+
+def test_old_and_new_spelling_together_is_a_usage_error(tmp_path):
+    result = CliRunner().invoke(main, ["compare", "--out", str(tmp_path), "--repeats", "3", "--timing-repeats", "3"])
+    assert (
+        result.exit_code == 2
+        and "--timing-repeats is the old spelling of --repeats; give --repeats only" in result.output
+    )
+    result = CliRunner().invoke(main, ["diagnose", str(tmp_path), "--run", str(tmp_path)])
+    assert result.exit_code == 2 and "--run is the old spelling of RUN; give RUN only" in result.output
+
+
+def test_a_positional_argument_is_still_required(tmp_path):
+    result = CliRunner().invoke(main, ["lm", "sample", "--prompt", "x"])
+    assert result.exit_code == 2 and "Missing argument 'ARTIFACT'" in result.output
+    result = CliRunner().invoke(main, ["lm", "export", str(tmp_path)])
+    assert result.exit_code == 2 and "Missing argument 'OUT'" in result.output
+
+
+def test_snn_compare_passes_workers_to_the_comparison(monkeypatch, tmp_path):
+    import stejax.snn
+
+    seen = []
+
+    def compare(tier, *, out_dir, on_event, workers):
+        seen.append(workers)
+        return {"targets": []}
+
+    monkeypatch.setattr(stejax.snn, "compare", compare)
+    result = CliRunner().invoke(main, ["snn", "compare", "--quick", "--out", str(tmp_path), "--workers", "2"])
+    assert result.exit_code == 0, result.output
+    assert seen == [2]
+
+
+def test_snn_compare_refuses_a_bad_worker_count(tmp_path):
+    from stejax.snn import QUICK, compare
+
+    with pytest.raises(ValueError, match=r"workers must be a positive int .*; got 0"):
+        compare(QUICK, out_dir=tmp_path, workers=0)
