@@ -13,6 +13,7 @@ from stejax.onnx._export import OnnxExport as OnnxExport
 from stejax.onnx._export import export_onnx as export_onnx
 from stejax.onnx._export import load_source as load_source
 from stejax.onnx._graph import OnnxExportError as OnnxExportError
+from stejax.onnx._nnx import export_nnx as export_nnx
 from stejax.onnx._runtime import INTEGER_OPS as INTEGER_OPS
 from stejax.onnx._runtime import integer_op_count as integer_op_count
 from stejax.onnx._runtime import optimized_ops as optimized_ops
