@@ -67,7 +67,7 @@ def registry_option(*, required: bool = True, exists: bool = False, help: str | 
 
 def out_dir_option(help: str, *, required: bool = True) -> Callable[[F], F]:
     """``--out DIR``: the folder a command writes."""
-    return click.option("--out", type=directory(), required=required, default=None, help=help)
+    return click.option("--out", type=directory(), metavar="DIR", required=required, default=None, help=help)
 
 
 def epochs_option() -> Callable[[F], F]:

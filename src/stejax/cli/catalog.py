@@ -71,6 +71,7 @@ def _entry_record(entry: Entry) -> dict[str, Any]:
 @click.option(
     "--out",
     type=click.Path(dir_okay=False, path_type=Path),
+    metavar="FILE",
     default=None,
     help="Where to write the plot (default: NAME.png in the working directory).",
 )
@@ -108,6 +109,7 @@ def show(name: str, out: Path | None, param_pairs: tuple[str, ...]) -> None:
 @click.option(
     "--out",
     type=click.Path(file_okay=False, path_type=Path),
+    metavar="DIR",
     default=None,
     help="Also write verify-report.json and verify-report.md to this folder (default: print only).",
 )

@@ -67,6 +67,7 @@ def _run(tier, out: Path, console: Console, workers: int = 1) -> None:
 _OUT = click.option(
     "--out",
     type=click.Path(file_okay=False, path_type=Path),
+    metavar="DIR",
     required=True,
     help="Folder for report.md, report.json and plots/.",
 )

@@ -74,6 +74,7 @@ def _split_option(function):
 @click.option(
     "--out",
     type=click.Path(file_okay=False, path_type=Path),
+    metavar="DIR",
     required=True,
     help="The run directory to write.",
 )
@@ -183,6 +184,7 @@ def train_command(
 @click.option(
     "--out",
     type=click.Path(file_okay=False, path_type=Path),
+    metavar="DIR",
     required=True,
     help="Folder for report.md, report.json, plots/ and runs/.",
 )
@@ -225,6 +227,7 @@ def compare_command(
 @click.option(
     "--out",
     type=click.Path(file_okay=False, path_type=Path),
+    metavar="DIR",
     default=Path("demo-out"),
     show_default=True,
     help="Folder for the demo's outputs.",

@@ -27,8 +27,9 @@ from stejax.model import PRESETS, MLPConfig, init_params, preset
 from stejax.train._config import TrainConfig, make_optimizer
 from stejax.train._loop import load_splits, train
 from stejax.train._step import Batch, compiled_train_step, needs_key
+from stejax.train._targets import TARGETS, TARGETS_SET_FOR
 
-__all__ = ["SPLITS", "TARGETS", "TARGETS_SET_FOR", "Target", "compare", "paired_delta", "time_steps"]
+__all__ = ["SPLITS", "compare", "paired_delta", "time_steps"]
 
 # fold_in data that marks the step timing's key stream.
 _TIMING_STREAM = 0x7153
@@ -41,81 +42,6 @@ NUMERICAL_TOLERANCES = {
     "vmap_vs_loop_logits": {"rtol": 1e-5, "atol": 1e-5},
 }
 
-
-@dataclasses.dataclass(frozen=True)
-class Target:
-    """One target of the comparison, as data.
-
-    Attributes:
-      name: the target as the report states it.
-      preset: the configuration it is about.
-      kind: ``"at_least"`` (mean test accuracy >= ``threshold`` percent),
-        ``"at_most"`` (mean test accuracy <= ``threshold`` percent), ``"delta"``
-        (the mean over seeds of the paired difference, this configuration's
-        test accuracy minus float's on the same seed and split, >= ``threshold``
-        percentage points; ``threshold`` is negative, scoring above float meets
-        it) or ``"step_ratio"`` (the median of the per-round ratios of this
-        configuration's step time over float's, interleaved, <= ``threshold``).
-      threshold: the bound, in the unit ``kind`` says.
-    """
-
-    name: str
-    preset: str
-    kind: str
-    threshold: float
-
-    def evaluate(self, summary: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
-        """Judge the target on a comparison's summary.
-
-        Returns:
-          ``{"target", "preset", "value", "unit", "measured", "met"}``: the value in
-          its unit (percent, percentage points float minus the configuration, or
-          times float's step), a sentence ``measured`` for the report, and ``met``;
-          ``met`` is None (and ``value`` None) when a needed configuration was not run.
-        """
-        out: dict[str, Any] = {"target": self.name, "preset": self.preset, "value": None, "met": None}
-        needs = [self.preset] + (["float"] if self.kind in ("delta", "step_ratio") and self.preset != "float" else [])
-        if any(p not in summary for p in needs):
-            return {**out, "unit": "", "measured": f"not run (needs {', '.join(needs)})"}
-        mine = summary[self.preset]
-        # A hair of slack so that a value equal to the bound in decimal is not
-        # refused for its binary rounding.
-        eps = 1e-9
-        if self.kind in ("at_least", "at_most"):
-            value = 100 * mine["test_accuracy_mean"]
-            met = value >= self.threshold - eps if self.kind == "at_least" else value <= self.threshold + eps
-            return {**out, "value": value, "unit": "%", "measured": f"{value:.2f}%", "met": met}
-        if self.kind == "delta":
-            value = mine["delta_vs_float_mean"]
-            ci = mine.get("delta_vs_float_ci95")
-            interval = f" (95% CI {ci[0]:+.2f} to {ci[1]:+.2f})" if ci is not None else " (one seed: no interval)"
-            measured = f"{value:+.2f} points vs float{interval}"
-            return {**out, "value": value, "unit": "points", "measured": measured, "met": value >= self.threshold - eps}
-        value = mine["step_ratio_vs_float_p50"]
-        return {
-            **out,
-            "value": value,
-            "unit": "x float",
-            "measured": f"{value:.3f} x float",
-            "met": value <= self.threshold + eps,
-        }
-
-
-TARGETS: tuple[Target, ...] = (
-    Target("float >= 98%", "float", "at_least", 98.0),
-    Target("w8a8 paired delta vs float >= -0.2 points", "w8a8", "delta", -0.2),
-    Target("w4a4 paired delta vs float >= -0.3 points", "w4a4", "delta", -0.3),
-    Target("w2a2 paired delta vs float >= -0.5 points", "w2a2", "delta", -0.5),
-    Target("w1a32 paired delta vs float >= -0.5 points", "w1a32", "delta", -0.5),
-    Target("w1a1 paired delta vs float >= -1.5 points", "w1a1", "delta", -1.5),
-    Target("w4a4_no_ste at or below 25%", "w4a4_no_ste", "at_most", 25.0),
-    Target("w4a4 step <= 1.10 x float step", "w4a4", "step_ratio", 1.10),
-)
-
-# What the targets were set for (issue 12): the default recipe, a split per seed, 10 seeds.
-TARGETS_SET_FOR = (
-    "the default recipe (TrainConfig(): the CNN 32-64 on the 8x8 digits), a split per seed, mean over 10 seeds"
-)
 
 SPLITS = ("per-seed", "fixed")
 
@@ -143,7 +69,9 @@ def paired_delta(accuracy: Sequence[float], reference: Sequence[float]) -> dict[
       ``{"mean", "se", "ci95", "per_seed"}``: points; ``ci95`` a ``[low, high]`` pair.
 
     Raises:
-      ValueError: the two lists differ in length, or are empty.
+      ValueError: the two lists differ in length, or are empty, or hold a value
+        outside [0, 1] (or NaN): a percentage instead of a fraction would make a
+        difference 100 times too large.
 
     Example:
       >>> from stejax.train import paired_delta
@@ -156,6 +84,14 @@ def paired_delta(accuracy: Sequence[float], reference: Sequence[float]) -> dict[
         raise ValueError(
             f"paired_delta: needs two equal, non-empty lists of per-seed accuracies; got {a.shape} and {r.shape}."
         )
+    for name, values in (("accuracy", a), ("reference", r)):
+        outside = np.flatnonzero(~((values >= 0) & (values <= 1)))
+        if outside.size:
+            i = int(outside[0])
+            hint = " (a percentage? divide by 100)" if 1 < values[i] <= 100 else ""
+            raise ValueError(
+                f"paired_delta: accuracies are fractions in [0, 1]; got {name}[{i}] = {float(values[i])}{hint}."
+            )
     d = 100 * (a - r)
     mean = float(d.mean())
     if d.size == 1:
