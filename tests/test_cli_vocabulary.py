@@ -289,3 +289,23 @@ def test_snn_compare_refuses_a_bad_worker_count(tmp_path):
 
     with pytest.raises(ValueError, match=r"workers must be a positive int .*; got 0"):
         compare(QUICK, out_dir=tmp_path, workers=0)
+
+
+def test_the_cli_reference_is_generated_from_the_app():
+    # docs/cli.md holds no hand-written option: mkdocs-click renders the click application itself, so the
+    # page cannot drift from --help. Every command gets its section; no old spelling appears.
+    from mkdocs_click._extension import replace_command_docs
+
+    root = Path(__file__).resolve().parents[1]
+    page = (root / "docs" / "cli.md").read_text(encoding="utf-8")
+    assert "::: mkdocs-click\n    :module: stejax.cli\n    :command: main\n    :prog_name: stejax\n" in page
+    mkdocs = (root / "mkdocs.yml").read_text(encoding="utf-8")
+    assert "  - mkdocs-click\n" in mkdocs and "cli.md" in mkdocs
+    lines = list(replace_command_docs(module="stejax.cli", command="main", prog_name="stejax", depth=1))
+    text = "\n".join(lines)
+    assert all(f"\nstejax {path} [OPTIONS]" in text for path in COMMANDS)  # each command's usage line
+    for (path, flag), _ in RENAMES.items():
+        usage = f"stejax {path} [OPTIONS]"
+        assert usage in text
+        section = text[text.index(usage) :].split("\n#", 1)[0]
+        assert f"  {flag} " not in section, (path, flag)
