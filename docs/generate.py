@@ -5,9 +5,10 @@ Run from the repository root after the catalog changes:
     .venv/bin/python docs/generate.py [--out docs] [--only NAME ...] [--page-only]
 
 Everything in the page comes from ``stejax.estimators.catalog.CATALOG`` (each
-entry's math, kinks, parameters, extra arrays and reference) and from the first
-paragraph of each estimator's docstring, rendered by ``stejax.render`` (which
-``stejax show`` uses too); the pictures come from
+entry's math, kinks, parameters, extra arrays and reference), from the first
+paragraph of each estimator's docstring and from one runnable example per family
+(``stejax.render.FAMILY_EXAMPLES``, run by ``tests/test_docs.py``), rendered by
+``stejax.render`` (which ``stejax show`` uses too); the pictures come from
 ``stejax.plot.plot_estimator``. The page is not edited by hand.
 """
 
