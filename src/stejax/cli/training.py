@@ -173,7 +173,13 @@ def train_command(
 
 
 @click.command("compare")
-@click.option("--seeds", type=click.IntRange(min=1), default=10, show_default=True, help="Seeds per configuration.")
+@click.option(
+    "--seeds",
+    type=click.IntRange(min=1),
+    default=10,
+    show_default=True,
+    help="Seeds 0..N-1, each preset trained once per seed.",
+)
 @_split_option
 @click.option("--epochs", type=click.IntRange(min=1), default=None, help="Override the number of epochs.")
 @click.option("--model", type=_MODEL_CHOICE, default=None, help="Override the model: a multilayer perceptron or a CNN.")
@@ -200,7 +206,7 @@ def compare_command(
     out: Path,
     workers: int,
 ) -> None:
-    """Compare the QAT configurations over seeds and write the report.
+    """Train every QAT preset over seeds, compare each with float and write the report.
 
     Trains float, w8a8, w4a4, w2a2, w1a32, w1a1 and w4a4_no_ste with the default
     recipe on the digits, times their jitted training steps side by side, and
@@ -232,7 +238,13 @@ def compare_command(
     show_default=True,
     help="Folder for the demo's outputs.",
 )
-@click.option("--seeds", type=click.IntRange(min=1), default=10, show_default=True, help="Seeds per configuration.")
+@click.option(
+    "--seeds",
+    type=click.IntRange(min=1),
+    default=10,
+    show_default=True,
+    help="Seeds 0..N-1, each preset trained once per seed.",
+)
 @_split_option
 @click.option("--epochs", type=click.IntRange(min=1), default=None, help="Override the number of epochs.")
 @_configs_option
