@@ -10,7 +10,7 @@ and exports it to a temporary artifact. Then, in this order:
 * bare: the artifact's ``apply`` under ``jax.jit`` on a ``(rows, 64)`` float32
   input, called back to back with ``block_until_ready`` (after a warm-up call);
   its p50 is the denominator of every ratio;
-* the service: ``stejax serve --artifact DIR`` in a subprocess on loopback, once
+* the service: ``stejax serve DIR`` in a subprocess on loopback, once
   with micro-batching on (the default 2 ms wait) and once off; for each number
   of concurrent clients, that many keep-alive HTTP/1.1 connections each post one
   JSON request of ``rows`` rows at a time, as fast as answers come back, for
