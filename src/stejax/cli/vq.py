@@ -1,4 +1,4 @@
-"""``stejax vq compare``: the vector-quantised digits autoencoders, side by side at 24 bits per image."""
+"""``stejax vq compare``: VQ variants against FSQ over a grid of codebook sizes and code dimensions."""
 
 from __future__ import annotations
 
@@ -7,72 +7,150 @@ from pathlib import Path
 import click
 from rich.console import Console
 
-from stejax.cli._common import configuration_names, epochs_option, out_dir_option, seeds_option
+from stejax.cli._common import (
+    configuration_names,
+    deprecated_option,
+    directory,
+    out_dir_option,
+    seeds_option,
+    workers_option,
+)
 
 __all__ = ["vq_group"]
 
 
-@click.group("vq", short_help="Vector-quantised autoencoders: codebooks, FSQ, the rotation trick.")
+def _int_list(value: str | None, option: str) -> tuple[int, ...] | None:
+    if value is None:
+        return None
+    try:
+        values = tuple(int(v) for v in value.split(",") if v.strip())
+    except ValueError:
+        values = ()
+    if not values or any(v < 1 for v in values):
+        raise click.BadParameter(f"expected positive integers separated by commas; got {value!r}.", param_hint=option)
+    return values
+
+
+@click.group("vq")
 def vq_group() -> None:
     """Vector-quantised autoencoders: codebooks, FSQ, the rotation trick."""
 
 
 @vq_group.command("compare")
-@out_dir_option("Folder for report.md, report.json and the pictures.")
-@click.option("--quick", is_flag=True, default=False, help="The smoke-test tier: 2 seeds, 2 epochs.")
+@out_dir_option("Folder for report.md, report.json and the two plots.")
+@click.option("--quick", is_flag=True, default=False, help="The speed run: K = 64, 512, d = 8, 2 seeds, 200 steps.")
 @seeds_option("Seeds 0..N-1 (default 3; 2 with --quick).")
-@epochs_option()
+@click.option("--steps", type=click.IntRange(min=1), default=None, help="Adam steps (default 1000; 200 with --quick).")
 @click.option(
-    "--configs",
+    "--codebook-sizes",
+    default=None,
+    metavar="K,...",
+    help="Codebook sizes, powers of two (default 64,512,4096; 64,512 with --quick).",
+)
+@click.option("--code-dims", default=None, metavar="D,...", help="Code dimensions (default 8,32; 8 with --quick).")
+@click.option(
+    "--variants",
     default=None,
     metavar="NAME,...",
-    help="Only these configurations, comma-separated, from vq_ste-plain, vq_ste-ema, vq_ste-kmeans_dead_code, "
-    "rotation_trick-plain, rotation_trick-ema, rotation_trick-kmeans_dead_code, fsq, gumbel_softmax_st, no_gradient "
-    "(default: all).",
+    help="Only these variants, comma-separated (default: all eleven).",
 )
+@deprecated_option("--configs", "variants")
 @click.option(
     "--codebook-init-scale",
     type=click.FloatRange(min=0, min_open=True),
     default=None,
-    help="The standard deviation of the initial codes (default 0.1).",
+    help="The standard deviation of the initial codes (default 1.0).",
+)
+@workers_option()
+@click.option(
+    "--results",
+    type=directory(),
+    default=None,
+    help="Also write the results file vq_compare.json into this folder (docs/results for the documentation).",
+)
+@click.option(
+    "--figures",
+    type=directory(),
+    default=None,
+    help="Also copy the two plots into this folder (docs/img/vq for the documentation).",
 )
 def compare_command(
     out: Path,
     quick: bool,
     seeds: int | None,
-    epochs: int | None,
-    configs: str | None,
+    steps: int | None,
+    codebook_sizes: str | None,
+    code_dims: str | None,
+    variants: str | None,
     codebook_init_scale: float | None,
+    workers: int,
+    results: Path | None,
+    figures: Path | None,
 ) -> None:
-    """Train the digits autoencoders of every configuration and write the report.
+    """Train every variant at every codebook size K and code dimension d, and judge the targets.
 
-    VQ with the straight-through estimator and with the rotation trick (each with
-    a plain, an EMA, and a k-means-initialised EMA codebook with dead-code
-    replacement), FSQ, straight-through Gumbel-softmax and a no-gradient control,
-    all at 4 tokens x 64 codes = 24 bits per image. Prints the references (mean
-    image, PCA with 8 components, k-means with 256 codes) beside the results and
-    writes OUT/report.md, OUT/report.json and three pictures.
+    Variants: STE, rotation trick, EMA codes, k-means++ initialisation, dead-code
+    replacement (alone, with EMA, with the rotation trick), l2-normalised codes, a
+    low-dimensional lookup, FSQ with exactly K codes, and the negative control (no
+    gradient to the encoder). One token per vector of an unlimited synthetic
+    source; usage over the validation epoch and per batch, perplexity / K,
+    validation MSE and MSE / FSQ's. Writes OUT/report.json (one row per variant,
+    K, d and seed), OUT/report.md, OUT/usage_vs_k.png and OUT/mse_vs_bits.png.
     """
     import dataclasses
+    import time
 
-    from stejax.vq import CONFIGURATIONS, QUICK, CompareSettings, compare, write_report
+    from stejax.vq import QUICK, VARIANTS, CompareSettings, compare, write_report
 
+    t0 = time.perf_counter()
     settings = QUICK if quick else CompareSettings()
+    changes: dict[str, object] = {}
     if seeds is not None:
-        settings = dataclasses.replace(settings, seeds=tuple(range(seeds)))
-    if epochs is not None:
-        settings = dataclasses.replace(settings, epochs=epochs)
+        changes["seeds"] = tuple(range(seeds))
+    if steps is not None:
+        changes["steps"] = steps
+    if (sizes := _int_list(codebook_sizes, "--codebook-sizes")) is not None:
+        changes["codebook_sizes"] = sizes
+    if (dims := _int_list(code_dims, "--code-dims")) is not None:
+        changes["code_dims"] = dims
+    names = configuration_names(variants, [v.name for v in VARIANTS], option="--variants")
+    if names is not None:
+        changes["variants"] = names
     if codebook_init_scale is not None:
-        settings = dataclasses.replace(settings, codebook_init_scale=codebook_init_scale)
-    by_name = {c.name: c for c in CONFIGURATIONS}
-    names = configuration_names(configs, list(by_name))
-    chosen = CONFIGURATIONS if names is None else tuple(by_name[n] for n in names)
+        changes["init_scale"] = codebook_init_scale
+    try:
+        settings = dataclasses.replace(settings, **changes)  # type: ignore[arg-type]
+    except ValueError as error:
+        raise click.UsageError(str(error)) from None
     console = Console()
-    report = compare(settings, configurations=chosen, progress=console.print)
-    paths = write_report(report, out)
-    failed = [t for t in report["targets"] if not t["passed"]]
+    report = compare(settings, workers=workers, progress=lambda line: console.print(line, markup=False))
+    report["wall_seconds"] = time.perf_counter() - t0  # the whole command in one process, compilations included
+    paths = write_report(report, out, figures_dir=figures)
     for t in report["targets"]:
-        console.print(f"{'PASS' if t['passed'] else 'FAIL'} {t['name']}: {t['detail']}", markup=False)
+        console.print(f"{'MET' if t['passed'] else 'MISSED'} {t['name']}: {t['detail']}", markup=False)
+    if results is not None:
+        from stejax.vq._results import record
+
+        command = " ".join(["stejax vq compare", *_given_options(click.get_current_context())])
+        written = record(report, Path(results) / "vq_compare.json", command=command)
+        console.print(f"wrote {written}", markup=False)
+    missed = sum(not t["passed"] for t in report["targets"])
     console.print(
-        f"wrote {paths['markdown']} and {paths['json']}" + (f"; {len(failed)} target(s) missed" if failed else "")
+        f"{len(report['rows'])} rows, {report['compiles']} compilations, "
+        f"{report['wall_seconds']:.1f} s in one process; "
+        f"wrote {paths['markdown']} and {paths['json']}" + (f"; {missed} target(s) missed" if missed else ""),
+        markup=False,
     )
+
+
+def _given_options(ctx: click.Context) -> list[str]:
+    """The options the user gave, spelled as on the command line (for the results file's command)."""
+    parts = []
+    for param in ctx.command.params:
+        source = ctx.get_parameter_source(param.name) if param.name else None
+        if param.name is None or source is None or source.name == "DEFAULT" or param.name.startswith("_deprecated"):
+            continue
+        flag = max(param.opts, key=len)
+        value = ctx.params[param.name]
+        parts.append(flag if getattr(param, "is_flag", False) else f"{flag} {value}")
+    return parts

@@ -20,10 +20,20 @@ from jax.typing import ArrayLike, DTypeLike
 from stejax import keys
 from stejax.estimators.latent import vq_quantize, vq_ste
 
-__all__ = ["Codebook", "CodebookOutput", "CodebookState", "l2_normalize"]
+__all__ = [
+    "Codebook",
+    "CodebookOutput",
+    "CodebookState",
+    "kmeans",
+    "kmeans_plus_plus",
+    "l2_normalize",
+    "nearest_code_matmul",
+]
 
 _DISTANCES = ("euclidean", "cosine")
 _UPDATES = ("gradient", "ema")
+_SEEDINGS = ("random", "kmeans++")
+_LOOKUPS = ("exact", "matmul")
 
 
 class CodebookState(NamedTuple):
@@ -119,6 +129,11 @@ class Codebook:
       eps: :math:`\epsilon` of the Laplace smoothing (default 1e-5).
       dead_code_threshold: replace codes whose :math:`N_k` falls below it (0: never).
       init_scale: the standard deviation of the initial codes (default 1.0).
+      lookup: ``"exact"`` (default: the nearest code by :func:`stejax.vq_ste`'s
+        difference form, the estimator called with the whole codebook) or
+        ``"matmul"`` (:func:`nearest_code_matmul`, one search per call, the
+        estimator called per vector with its chosen code alone; for large ``K``;
+        estimators whose gradient depends on the other codes need ``"exact"``).
 
     Example:
       >>> import jax, jax.numpy as jnp
@@ -150,6 +165,7 @@ class Codebook:
     eps: float = 1e-5
     dead_code_threshold: float = 0.0
     init_scale: float = 1.0
+    lookup: str = "exact"
 
     def __post_init__(self):
         _check_positive_int("codebook_size", self.codebook_size)
@@ -165,6 +181,8 @@ class Codebook:
         _check_positive_int("codebook_dim", self.codebook_dim)
         if self.distance not in _DISTANCES:
             raise ValueError(f"Codebook: `distance` must be one of {_DISTANCES}; got {self.distance!r}.")
+        if self.lookup not in _LOOKUPS:
+            raise ValueError(f"Codebook: `lookup` must be one of {_LOOKUPS}; got {self.lookup!r}.")
         if self.update not in _UPDATES:
             raise ValueError(f"Codebook: `update` must be one of {_UPDATES}; got {self.update!r}.")
         if not callable(self.estimator):
@@ -259,6 +277,8 @@ class Codebook:
         """Quantise ``z`` of shape ``(..., dim)``; see the class docstring for the forward and the gradient."""
         v = self.project(params, z)
         codes = self.codes(params)
+        if self.lookup == "matmul":
+            return self._quantize_matmul(params, v, codes)
         # vq_ste gives the indices (ties to the lowest index) and both losses; the estimator gives q.
         vq = vq_ste(v, codes.astype(v.dtype))
         q = self.estimator(v, codes.astype(v.dtype))
@@ -273,6 +293,29 @@ class Codebook:
             codes=chosen,
             commitment_loss=vq.commitment_loss,
             codebook_loss=vq.codebook_loss if self.update == "gradient" else jnp.zeros((), vq.codebook_loss.dtype),
+        )
+
+    def _quantize_matmul(self, params: dict[str, Any], v: jax.Array, codes: jax.Array) -> CodebookOutput:
+        codes = codes.astype(v.dtype)
+        indices = nearest_code_matmul(v, codes)
+        chosen = jnp.take(codes, indices, axis=0)  # differentiable w.r.t. the codes
+        # The estimator sees each vector with its own code as a one-code codebook: the forward is that code,
+        # the gradient what the estimator gives for (z, q), and no second search over all K codes.
+        flat_v = v.reshape(-1, self._code_dim)
+        one_code = jax.lax.stop_gradient(chosen).reshape(-1, 1, self._code_dim)
+        q = jax.vmap(self.estimator)(flat_v, one_code).reshape(v.shape)
+        flat = q.reshape((*q.shape[:-2], self.heads * self._code_dim))
+        if self.has_projection:
+            flat = _affine(params["project_out"], flat)
+        commitment = jnp.mean(jnp.square(v - jax.lax.stop_gradient(chosen)))
+        codebook = jnp.mean(jnp.square(jax.lax.stop_gradient(v) - chosen))
+        return CodebookOutput(
+            quantized=flat,
+            indices=indices.astype(jnp.int32),
+            vectors=v,
+            codes=chosen,
+            commitment_loss=commitment,
+            codebook_loss=codebook if self.update == "gradient" else jnp.zeros((), codebook.dtype),
         )
 
     def loss(self, out: CodebookOutput, *, commitment_weight: float = 0.25, codebook_weight: float = 1.0) -> jax.Array:
@@ -314,9 +357,10 @@ class Codebook:
         See the class docstring for the formulas.
         """
         v = jax.lax.stop_gradient(out.vectors).reshape(-1, self._code_dim).astype(jnp.float32)
-        onehot = jax.nn.one_hot(out.indices.reshape(-1), self.codebook_size, dtype=jnp.float32)
-        counts = jnp.sum(onehot, axis=0)
-        sums = onehot.T @ v
+        idx = out.indices.reshape(-1)
+        # Scatter-adds, not a (n, K) one-hot product: O(n d) whatever K.
+        counts = jnp.zeros((self.codebook_size,), jnp.float32).at[idx].add(1.0)
+        sums = jnp.zeros((self.codebook_size, self._code_dim), jnp.float32).at[idx].add(v)
         g = self.decay
         cluster_size = g * state.cluster_size + (1 - g) * counts
         embed_sum = g * state.embed_sum + (1 - g) * sums
@@ -361,26 +405,88 @@ class Codebook:
         return {**params, "codes": codes}, CodebookState(cluster_size, embed_sum), dead
 
     def kmeans_init(
-        self, params: dict[str, Any], state: CodebookState, vectors: ArrayLike, *, key: jax.Array, iters: int = 10
+        self,
+        params: dict[str, Any],
+        state: CodebookState,
+        vectors: ArrayLike,
+        *,
+        key: jax.Array,
+        iters: int = 10,
+        seeding: str = "random",
     ) -> tuple[dict[str, Any], CodebookState]:
         r"""Initialise the codes by k-means (Lloyd's algorithm) on ``vectors`` ``(..., d)``.
 
-        The means start at ``K`` rows drawn by a permutation from ``key`` (with
-        repetition when there are fewer rows than codes); each of ``iters``
-        iterations assigns every row to its nearest mean (ties to the lowest index)
-        and moves each mean to the average of its rows; a mean with no rows stays
-        where it is. Cosine codebooks renormalise the means. The statistics restart
-        at :math:`N_k` = the rows of the last assignment, :math:`m_k = N_k c_k`.
-        Deterministic for a key.
+        The means start at ``K`` rows of the data: drawn by a permutation from ``key``
+        (``seeding="random"``, with repetition when there are fewer rows than codes,
+        as vector-quantize-pytorch) or by k-means++ (``seeding="kmeans++"``, see
+        :func:`kmeans_plus_plus`); each of ``iters`` iterations assigns every row to
+        its nearest mean (ties to the lowest index) and moves each mean to the
+        average of its rows; a mean with no rows stays where it is. Cosine codebooks
+        renormalise the means. The statistics restart at :math:`N_k` = the rows of
+        the last assignment, :math:`m_k = N_k c_k`. Deterministic for a key.
         """
         v = jax.lax.stop_gradient(jnp.asarray(vectors)).reshape(-1, self._code_dim).astype(jnp.float32)
-        means, counts = kmeans(v, self.codebook_size, key=key, iters=iters, cosine=self.distance == "cosine")
+        means, counts = kmeans(
+            v, self.codebook_size, key=key, iters=iters, cosine=self.distance == "cosine", seeding=seeding
+        )
         params = {**params, "codes": means.astype(params["codes"].dtype)}
         return params, CodebookState(cluster_size=counts, embed_sum=means * counts[:, None])
 
 
+def kmeans_plus_plus(vectors: ArrayLike, n_clusters: int, *, key: jax.Array) -> jax.Array:
+    r"""k-means++ seeding: ``n_clusters`` rows of ``vectors`` ``(n, d)``, drawn with probability :math:`\propto D^2`.
+
+    The first row is drawn uniformly; each next one with probability
+    :math:`D(x)^2 / \sum_y D(y)^2`, :math:`D(x)` the distance from row :math:`x` to
+    the nearest row drawn so far (uniformly again when every :math:`D` is 0, as
+    when there are fewer distinct rows than clusters). Every returned mean is a
+    row of the data. Deterministic for a key; one ``lax.fori_loop`` of
+    ``n_clusters`` steps, each :math:`O(n d)`.
+
+    Example:
+      >>> import jax, jax.numpy as jnp
+      >>> from stejax.vq import kmeans_plus_plus
+      >>> x = jnp.array([[0.0], [0.1], [10.0], [10.1]])
+      >>> means = kmeans_plus_plus(x, 2, key=jax.random.key(0))
+      >>> sorted(v > 5 for v in means[:, 0].tolist())  # one seed in each cluster
+      [False, True]
+
+    Reference:
+      D. Arthur, S. Vassilvitskii, "k-means++: The Advantages of Careful Seeding", SODA 2007.
+    """
+    v = jnp.asarray(vectors, jnp.float32)
+    if v.ndim != 2 or v.shape[0] < 1:
+        raise ValueError(f"kmeans_plus_plus: `vectors` must have shape (n >= 1, d); got shape {v.shape}.")
+    n = v.shape[0]
+    k_first, k_rest = keys.split(key, where="kmeans_plus_plus: first, rest")
+    first = jax.random.randint(keys.consume(k_first, where="kmeans_plus_plus: first"), (), 0, n)
+    draws = keys.split(k_rest, max(n_clusters - 1, 1), where="kmeans_plus_plus: one key per draw")
+    means = jnp.zeros((n_clusters, v.shape[1]), jnp.float32).at[0].set(v[first])
+    d2 = jnp.sum(jnp.square(v - v[first]), axis=-1)
+
+    def draw(i, carry):
+        means, d2 = carry
+        total = jnp.sum(d2)
+        # D^2 sampling by inverse CDF; uniform over the rows when every distance is 0.
+        weights = jnp.where(total > 0, d2, jnp.ones_like(d2))
+        cdf = jnp.cumsum(weights)
+        u = jax.random.uniform(draws[i - 1], (), jnp.float32) * cdf[-1]
+        pick = jnp.minimum(jnp.searchsorted(cdf, u, side="right"), n - 1)
+        row = v[pick]
+        return means.at[i].set(row), jnp.minimum(d2, jnp.sum(jnp.square(v - row), axis=-1))
+
+    means, _ = jax.lax.fori_loop(1, n_clusters, draw, (means, d2))
+    return means
+
+
 def kmeans(
-    vectors: ArrayLike, n_clusters: int, *, key: jax.Array, iters: int = 10, cosine: bool = False
+    vectors: ArrayLike,
+    n_clusters: int,
+    *,
+    key: jax.Array,
+    iters: int = 10,
+    cosine: bool = False,
+    seeding: str = "random",
 ) -> tuple[jax.Array, jax.Array]:
     """Lloyd's k-means on ``vectors`` ``(n, d)``: ``(means (K, d), counts (K,))``; see :meth:`Codebook.kmeans_init`.
 
@@ -395,14 +501,19 @@ def kmeans(
     v = jnp.asarray(vectors, jnp.float32)
     if v.ndim != 2 or v.shape[0] < 1:
         raise ValueError(f"kmeans: `vectors` must have shape (n >= 1, d); got shape {v.shape}.")
+    if seeding not in _SEEDINGS:
+        raise ValueError(f"kmeans: `seeding` must be one of {_SEEDINGS}; got {seeding!r}.")
     n = v.shape[0]
-    perm = jax.random.permutation(keys.consume(key, where="kmeans: initial means"), n)
-    means = v[perm[jnp.arange(n_clusters) % n]]
+    if seeding == "kmeans++":
+        means = kmeans_plus_plus(v, n_clusters, key=key)
+    else:
+        perm = jax.random.permutation(keys.consume(key, where="kmeans: initial means"), n)
+        means = v[perm[jnp.arange(n_clusters) % n]]
 
     def assign(m):
-        idx = vq_ste(v, m).indices
-        onehot = jax.nn.one_hot(idx, n_clusters, dtype=jnp.float32)
-        return jnp.sum(onehot, axis=0), onehot.T @ v
+        idx = nearest_code_matmul(v, m)
+        counts = jnp.zeros((n_clusters,), jnp.float32).at[idx].add(1.0)
+        return counts, jnp.zeros((n_clusters, v.shape[1]), jnp.float32).at[idx].add(v)
 
     def step(_, m):
         counts, sums = assign(m)
@@ -414,6 +525,37 @@ def kmeans(
     means = jax.lax.fori_loop(0, iters, step, means)
     counts, _ = assign(means)
     return means, counts
+
+
+def nearest_code_matmul(vectors: ArrayLike, codes: ArrayLike, *, block: int = 64) -> jax.Array:
+    r"""The index of the nearest code by :math:`\lVert c_k\rVert^2 - 2\,v\cdot c_k`, for large codebooks.
+
+    One matrix product instead of the ``(..., K, d)`` differences of
+    :func:`stejax.vq_ste`, and the argmin in two levels (the minimum over blocks of
+    ``block`` codes, then the argmin within the first block that holds it), which
+    XLA on CPU runs many times faster than one argmin over ``K``. Equal values go to
+    the lowest index, as ``argmin``; two codes whose distances agree to within the
+    float32 rounding of the expanded form may be ordered differently from the
+    difference form. Float32 arithmetic.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> from stejax.vq import nearest_code_matmul
+      >>> nearest_code_matmul(jnp.array([[0.9, 1.2], [1.8, 0.1]]), jnp.array([[0.0, 0.0], [1.0, 1.0], [2.0, 0.0]]))
+      Array([1, 2], dtype=int32)
+    """
+    v = jnp.asarray(vectors, jnp.float32)
+    c = jnp.asarray(codes, jnp.float32)
+    k = c.shape[0]
+    products = v @ c.T  # (..., K)
+    # ||v||^2 is the same for every code, so it is left out.
+    scores = jnp.sum(c * c, axis=-1).reshape((1,) * (products.ndim - 1) + (k,)) - 2.0 * products
+    if k <= block or k % block:
+        return jnp.argmin(scores, axis=-1).astype(jnp.int32)
+    blocks = scores.reshape((*scores.shape[:-1], k // block, block))
+    first = jnp.argmin(jnp.min(blocks, axis=-1), axis=-1)
+    inner = jnp.take_along_axis(blocks, first[..., None, None], axis=-2)[..., 0, :]
+    return (first * block + jnp.argmin(inner, axis=-1)).astype(jnp.int32)
 
 
 def _affine(layer: dict[str, jax.Array], x: jax.Array) -> jax.Array:

@@ -1,19 +1,22 @@
-"""The digits autoencoder comparison: which quantiser and which codebook updates, at the same bits per image.
+"""Where codebooks collapse: VQ variants against FSQ over a grid of codebook sizes and code dimensions.
 
-Every configuration encodes an 8x8 digit into ``tokens`` discrete codes, decodes
-them back, and is trained with Adam on the reconstruction's mean squared error
-(pixels scaled to [0, 1]). Each seed draws its own stratified split
-(:func:`stejax.data.split`) and its own initialisation; the seeds of one
-configuration run as one ``jit(vmap(...))`` program, whole epochs inside a
-``lax.scan``.
+Every variant trains the same small autoencoder on an unlimited synthetic source
+(a fixed random MLP from 8-D Gaussians to 16-D vectors, standardised), one token
+per vector: encoder, quantiser, decoder, Adam on the reconstruction's mean
+squared error plus the quantiser's own loss. Each step draws a fresh batch, so the
+number of distinct training tokens is ``steps * batch_size`` and never caps the
+codes in use; the validation epoch is a fixed set of ``val_size`` vectors.
+
+For each codebook size ``K`` and code dimension ``d`` of the grid, the seeds of one
+variant run as one ``jit(vmap(...))`` program (the whole training in a
+``lax.scan``, then the validation epoch), compiled once.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-import os
-import platform
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -22,127 +25,188 @@ import jax.numpy as jnp
 import numpy as np
 
 from stejax import keys
-from stejax.estimators.latent import gumbel_softmax_st, rotation_trick, vq_quantize
+from stejax.estimators.latent import rotation_trick, vq_quantize
 from stejax.vq._codebook import Codebook, CodebookState, _affine
 from stejax.vq._fsq import FSQ
-from stejax.vq._metrics import code_histogram, perplexity, quantization_error, usage
+from stejax.vq._metrics import batch_usage, perplexity, usage
 
-__all__ = [
-    "CONFIGURATIONS",
-    "QUICK",
-    "AutoencoderConfig",
-    "CompareSettings",
-    "compare",
-    "references",
-]
-
-QUANTIZERS = ("vq_ste", "rotation_trick", "fsq", "gumbel_softmax_st", "no_gradient")
-CODEBOOKS = ("plain", "ema", "kmeans_dead_code", "none")
-# The quantisers that use a Codebook (the others have no codes to initialise or replace).
-CODEBOOK_QUANTIZERS = ("vq_ste", "rotation_trick", "no_gradient")
+__all__ = ["QUICK", "VARIANTS", "CompareSettings", "Variant", "compare", "fsq_levels_for", "judge_targets"]
 
 
 @dataclasses.dataclass(frozen=True)
-class AutoencoderConfig:
-    """One configuration of the comparison: a quantiser and how its codebook is kept.
+class Variant:
+    """One way of training the quantiser.
 
-    ``codebook``: ``"plain"`` (gradient-trained codes, codebook + commitment loss),
-    ``"ema"`` (EMA codes, commitment loss only), ``"kmeans_dead_code"`` (EMA codes,
-    k-means initialisation on the first examples, dead-code replacement), ``"none"`` (FSQ).
+    Attributes:
+      name: the variant's name in the report.
+      quantizer: ``"vq"`` (a :class:`~stejax.vq.Codebook`) or ``"fsq"``.
+      estimator: ``"ste"`` (:func:`stejax.vq_quantize`), ``"rotation"``
+        (:func:`stejax.rotation_trick`) or ``"none"`` (no gradient to the encoder at
+        all, and no commitment loss: the negative control).
+      update: ``"gradient"`` (codebook loss) or ``"ema"`` codes.
+      seeding: ``"normal"`` (codes N(0, init_scale²)) or ``"kmeans++"`` (k-means++
+        then Lloyd on the initial encoder's vectors).
+      dead_codes: replace codes whose EMA usage falls below the threshold.
+      distance: ``"euclidean"`` or ``"cosine"`` (l2-normalised vectors and codes).
+      low_dim: look codes up in ``CompareSettings.lookup_dim`` dimensions through a
+        linear projection in and out (a factorised codebook).
+      description: one line for the report.
     """
 
     name: str
-    quantizer: str
-    codebook: str
-
-    def __post_init__(self):
-        if self.quantizer not in QUANTIZERS:
-            raise ValueError(
-                f"AutoencoderConfig {self.name!r}: quantizer must be one of {QUANTIZERS}; got {self.quantizer!r}."
-            )
-        if self.codebook not in CODEBOOKS:
-            raise ValueError(
-                f"AutoencoderConfig {self.name!r}: codebook must be one of {CODEBOOKS}; got {self.codebook!r}."
-            )
-        if self.codebook == "kmeans_dead_code" and self.quantizer not in CODEBOOK_QUANTIZERS:
-            raise ValueError(
-                f"AutoencoderConfig {self.name!r}: codebook 'kmeans_dead_code' needs a quantizer with a codebook, "
-                f"one of {CODEBOOK_QUANTIZERS}; got {self.quantizer!r}."
-            )
+    quantizer: str = "vq"
+    estimator: str = "ste"
+    update: str = "gradient"
+    seeding: str = "normal"
+    dead_codes: bool = False
+    distance: str = "euclidean"
+    low_dim: bool = False
+    description: str = ""
 
 
-CONFIGURATIONS: tuple[AutoencoderConfig, ...] = (
-    *(
-        AutoencoderConfig(f"{q}-{c}", q, c)
-        for q in ("vq_ste", "rotation_trick")
-        for c in ("plain", "ema", "kmeans_dead_code")
+VARIANTS: tuple[Variant, ...] = (
+    Variant("ste", description="straight-through, codebook loss"),
+    Variant("rotation", estimator="rotation", description="rotation trick, codebook loss"),
+    Variant("ema", update="ema", description="straight-through, EMA codes"),
+    Variant("kmeans", seeding="kmeans++", description="straight-through, codes from k-means++ and Lloyd"),
+    Variant("dead", dead_codes=True, description="straight-through, dead-code replacement"),
+    Variant("dead_ema", update="ema", dead_codes=True, description="EMA codes and dead-code replacement"),
+    Variant(
+        "dead_rotation", estimator="rotation", dead_codes=True, description="rotation trick, dead-code replacement"
     ),
-    AutoencoderConfig("fsq", "fsq", "none"),
-    AutoencoderConfig("gumbel_softmax_st", "gumbel_softmax_st", "plain"),
-    AutoencoderConfig("no_gradient", "no_gradient", "plain"),
+    Variant("cosine", distance="cosine", description="straight-through, l2-normalised vectors and codes"),
+    Variant("low_dim", low_dim=True, description="straight-through, lookup in a low-dimensional projection"),
+    Variant("fsq", quantizer="fsq", estimator="ste", description="FSQ at the same number of codes"),
+    Variant("no_gradient", estimator="none", description="negative control: no gradient to the encoder"),
 )
+_BY_NAME = {v.name: v for v in VARIANTS}
+
+# FSQ levels with exactly K codes for the grid's sizes (2^6, 2^9, 2^12).
+_FSQ_MATCHED: dict[int, tuple[int, ...]] = {64: (4, 4, 4), 512: (8, 8, 8), 4096: (8, 8, 8, 8)}
+
+
+def fsq_levels_for(codebook_size: int) -> tuple[int, ...]:
+    """FSQ levels with exactly ``codebook_size`` codes: 2^6 (4, 4, 4), 2^9 (8, 8, 8), 2^12 (8, 8, 8, 8).
+
+    Any other power of two ``2^n`` gets ``n // 3`` channels of 8 levels and one of
+    ``2^(n mod 3)`` levels when that is not 1.
+
+    Example:
+      >>> from stejax.vq import fsq_levels_for
+      >>> fsq_levels_for(4096), fsq_levels_for(128)
+      ((8, 8, 8, 8), (8, 8, 2))
+    """
+    if codebook_size in _FSQ_MATCHED:
+        return _FSQ_MATCHED[codebook_size]
+    n = round(math.log2(codebook_size)) if codebook_size >= 2 else 0
+    if codebook_size < 4 or 2**n != codebook_size:
+        raise ValueError(f"fsq_levels_for: the codebook size must be a power of two >= 4; got {codebook_size!r}.")
+    levels = (8,) * (n // 3) + ((2 ** (n % 3),) if n % 3 else ())
+    return levels
 
 
 @dataclasses.dataclass(frozen=True)
 class CompareSettings:
-    """The comparison's fixed choices (defaults: the full tier).
+    """The comparison's fixed choices (defaults: the full grid).
 
-    Every configuration has ``tokens * log2(codebook_size)`` bits per image (24):
-    VQ and Gumbel use one shared codebook of ``codebook_size`` codes of
-    ``code_dim`` entries; FSQ uses ``fsq_levels`` per token with
-    ``prod(fsq_levels) == codebook_size``.
-
-    The codes start at N(0, ``codebook_init_scale``²) (0.1: close to
-    vector-quantize-pytorch's small uniform initialisation, standard deviation
-    0.0625 for 64 x 8 codes; the encoder's initial outputs have ``||z||^2`` of 4
-    to 6, about 0.8 per entry; at 1.0 a plain rotation-trick codebook collapses,
-    its encoder's vectors shrinking to the origin). EMA decay ``decay``,
-    dead-code threshold ``dead_code_threshold`` (vectors per step, of 256 per
-    batch over 64 codes), Gumbel temperature annealed geometrically from
-    ``tau_start`` to ``tau_end`` in ``tau_stages`` piecewise-constant stages.
+    The data: ``x = standardise(tanh(g W_1 + b_1) W_2)`` with ``g ~ N(0, I_8)`` and a
+    fixed random ``W_1`` (8 x 64), ``b_1``, ``W_2`` (64 x 16) drawn from
+    ``data_seed`` (the same source for every seed and variant). The network: an
+    MLP encoder 16-``hidden``-``hidden``-``d``, the quantiser, an MLP decoder
+    ``d``-``hidden``-``hidden``-16 (ReLU). Codes start at N(0, ``init_scale``²);
+    Adam at ``learning_rate``; commitment weight ``commitment_weight`` (the
+    codebook loss has weight 1). EMA statistics with decay ``decay``; a code is
+    dead when its EMA count falls below ``dead_fraction`` of the count it would
+    have under uniform use (``dead_fraction * batch_size / K`` vectors per step);
+    it is then replaced by a vector of the batch. k-means++ runs on
+    ``kmeans_per_code * K`` vectors (at most ``kmeans_max``) of the initial
+    encoder, then ``kmeans_iters`` Lloyd iterations. ``low_dim`` looks codes up in
+    ``lookup_dim`` dimensions. FSQ projects the ``d``-wide latent linearly to
+    ``len(levels)`` channels and back (:func:`fsq_levels_for`). ``repeat_first``
+    runs the first program a second time to count its compilations on known
+    shapes (none expected).
     """
 
     seeds: tuple[int, ...] = (0, 1, 2)
-    epochs: int = 150
-    batch_size: int = 64
-    hidden: int = 256
-    tokens: int = 4
-    codebook_size: int = 64
-    code_dim: int = 8
-    codebook_init_scale: float = 0.1
-    fsq_levels: tuple[int, ...] = (4, 4, 4)
-    learning_rate: float = 2e-3
+    codebook_sizes: tuple[int, ...] = (64, 512, 4096)
+    code_dims: tuple[int, ...] = (8, 32)
+    variants: tuple[str, ...] = tuple(v.name for v in VARIANTS)
+    steps: int = 1000
+    batch_size: int = 256
+    hidden: int = 64
+    source_dim: int = 8
+    data_dim: int = 16
+    data_seed: int = 20240
+    val_size: int = 32768
+    init_scale: float = 1.0
+    learning_rate: float = 1e-3
     commitment_weight: float = 0.25
-    decay: float = 0.95
-    dead_code_threshold: float = 1.0
-    kmeans_examples: int = 256
+    decay: float = 0.99
+    dead_fraction: float = 0.1
+    kmeans_per_code: int = 4
+    kmeans_max: int = 16384
     kmeans_iters: int = 10
-    tau_start: float = 1.0
-    tau_end: float = 0.125
-    tau_stages: int = 4
-    pca_components: int = 8
-    kmeans_reference_codes: int = 256
-    n_pictures: int = 8
+    lookup_dim: int = 4
+    repeat_first: bool = True
 
     def __post_init__(self):
-        if math.prod(self.fsq_levels) != self.codebook_size:
-            raise ValueError(
-                f"CompareSettings: prod(fsq_levels) must equal codebook_size so every configuration has the same "
-                f"bits; got fsq_levels={self.fsq_levels} (prod {math.prod(self.fsq_levels)}) and "
-                f"codebook_size={self.codebook_size}."
-            )
         if not self.seeds or len(set(self.seeds)) != len(self.seeds):
             raise ValueError(f"CompareSettings: `seeds` must be distinct ints, at least one; got {self.seeds!r}.")
-        if self.epochs < 1:
-            raise ValueError(f"CompareSettings: `epochs` must be >= 1; got {self.epochs!r}.")
+        unknown = [v for v in self.variants if v not in _BY_NAME]
+        if unknown or not self.variants:
+            raise ValueError(
+                f"CompareSettings: unknown variant(s) {unknown}; expected names from {', '.join(_BY_NAME)}."
+            )
+        for k in self.codebook_sizes:
+            fsq_levels_for(k)
+        if not self.code_dims or any(d < 1 for d in self.code_dims):
+            raise ValueError(f"CompareSettings: `code_dims` must be positive ints; got {self.code_dims!r}.")
+        if self.steps < 1 or self.batch_size < 1:
+            raise ValueError(
+                f"CompareSettings: `steps` and `batch_size` must be >= 1; got {self.steps!r}, {self.batch_size!r}."
+            )
+        if self.val_size < self.batch_size or self.val_size % self.batch_size:
+            raise ValueError(
+                f"CompareSettings: `val_size` must be a multiple of `batch_size` ({self.batch_size}); "
+                f"got {self.val_size!r}."
+            )
 
-    @property
-    def bits_per_image(self) -> float:
-        return self.tokens * math.log2(self.codebook_size)
+
+# The speed run: all variants, two sizes, one dimension, two seeds, 200 steps.
+QUICK = CompareSettings(seeds=(0, 1), codebook_sizes=(64, 512), code_dims=(8,), steps=200, val_size=4096)
 
 
-# The smoke-test tier: two seeds (a standard deviation), two epochs.
-QUICK = CompareSettings(seeds=(0, 1), epochs=2, kmeans_examples=128)
+# ------------------------------------------------------------------------------------------------
+# The data: a fixed random MLP of Gaussians
+# ------------------------------------------------------------------------------------------------
+
+
+class Source(NamedTuple):
+    """The synthetic source's fixed weights and its standardisation."""
+
+    w1: jax.Array  # (source_dim, 64)
+    b1: jax.Array  # (64,)
+    w2: jax.Array  # (64, data_dim)
+    mean: jax.Array  # (data_dim,)
+    std: jax.Array  # (data_dim,)
+
+
+def make_source(s: CompareSettings) -> Source:
+    """The fixed random MLP of ``data_seed``, standardised on 65,536 of its samples."""
+    k1, kb, k2, kn = keys.split(jax.random.key(s.data_seed), 4, where="vq compare: source weights")
+    w1 = jax.random.normal(keys.consume(k1, where="source w1"), (s.source_dim, 64)) / math.sqrt(s.source_dim) * 2.0
+    b1 = jax.random.normal(keys.consume(kb, where="source b1"), (64,)) * 0.5
+    w2 = jax.random.normal(keys.consume(k2, where="source w2"), (64, s.data_dim)) / math.sqrt(64)
+    raw = Source(w1, b1, w2, jnp.zeros((s.data_dim,)), jnp.ones((s.data_dim,)))
+    x = sample(raw, kn, 65536, s.source_dim)
+    return raw._replace(mean=jnp.mean(x, axis=0), std=jnp.std(x, axis=0))
+
+
+def sample(source: Source, key: jax.Array, n: int, source_dim: int) -> jax.Array:
+    """``n`` standardised vectors of the source."""
+    g = jax.random.normal(keys.consume(key, where="vq compare: source draw"), (n, source_dim))
+    x = jnp.tanh(g @ source.w1 + source.b1[None, :]) @ source.w2
+    return (x - source.mean[None, :]) / source.std[None, :]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -172,213 +236,99 @@ def _no_gradient(z, codebook):
 
 
 _ESTIMATORS: dict[str, Callable[..., jax.Array]] = {
-    "vq_ste": vq_quantize,
-    "rotation_trick": rotation_trick,
-    "no_gradient": _no_gradient,
+    "ste": vq_quantize,
+    "rotation": rotation_trick,
+    "none": _no_gradient,
 }
 
 
 class _Model(NamedTuple):
-    """The pieces of one configuration's autoencoder."""
-
-    config: AutoencoderConfig
+    variant: Variant
     settings: CompareSettings
+    codebook_size: int
+    code_dim: int
     codebook: Codebook | None
     fsq: FSQ | None
 
-    @property
-    def latent_width(self) -> int:
-        s = self.settings
-        if self.config.quantizer == "fsq":
-            return s.tokens * len(s.fsq_levels)
-        if self.config.quantizer == "gumbel_softmax_st":
-            return s.tokens * s.codebook_size
-        return s.tokens * s.code_dim
 
-    @property
-    def decoder_width(self) -> int:
-        s = self.settings
-        return s.tokens * (len(s.fsq_levels) if self.config.quantizer == "fsq" else s.code_dim)
-
-
-def _model(config: AutoencoderConfig, s: CompareSettings) -> _Model:
-    codebook = None
-    if config.quantizer in _ESTIMATORS:
-        codebook = Codebook(
-            codebook_size=s.codebook_size,
-            dim=s.tokens * s.code_dim,
-            heads=s.tokens,
-            estimator=_ESTIMATORS[config.quantizer],
-            update="ema" if config.codebook in ("ema", "kmeans_dead_code") else "gradient",
-            decay=s.decay,
-            dead_code_threshold=s.dead_code_threshold if config.codebook == "kmeans_dead_code" else 0.0,
-            init_scale=s.codebook_init_scale,
-        )
-    return _Model(config, s, codebook, FSQ(s.fsq_levels) if config.quantizer == "fsq" else None)
+def _model(variant: Variant, s: CompareSettings, codebook_size: int, code_dim: int) -> _Model:
+    if variant.quantizer == "fsq":
+        return _Model(variant, s, codebook_size, code_dim, None, FSQ(fsq_levels_for(codebook_size)))
+    codebook = Codebook(
+        codebook_size=codebook_size,
+        dim=code_dim,
+        codebook_dim=min(s.lookup_dim, code_dim) if variant.low_dim else code_dim,
+        distance=variant.distance,
+        estimator=_ESTIMATORS[variant.estimator],
+        update=variant.update,
+        decay=s.decay,
+        dead_code_threshold=s.dead_fraction * s.batch_size / codebook_size if variant.dead_codes else 0.0,
+        init_scale=s.init_scale,
+        lookup="matmul",
+    )
+    return _Model(variant, s, codebook_size, code_dim, codebook, None)
 
 
 def _init(m: _Model, key):
     s = m.settings
     k_enc, k_dec, k_q = keys.split(key, 3, where="vq compare: encoder, decoder, quantiser")
-    params = {
-        "encoder": _mlp_init(k_enc, (64, s.hidden, s.hidden, m.latent_width)),
-        "decoder": _mlp_init(k_dec, (m.decoder_width, s.hidden, s.hidden, 64)),
+    params: dict[str, Any] = {
+        "encoder": _mlp_init(k_enc, (s.data_dim, s.hidden, s.hidden, m.code_dim)),
+        "decoder": _mlp_init(k_dec, (m.code_dim, s.hidden, s.hidden, s.data_dim)),
     }
     state = CodebookState(jnp.zeros((0,)), jnp.zeros((0, 0)))
     if m.codebook is not None:
         params["codebook"], state = m.codebook.init(key=k_q)
-    elif m.config.quantizer == "gumbel_softmax_st":
-        e = jax.random.normal(keys.consume(k_q, where="vq compare: gumbel embedding"), (s.codebook_size, s.code_dim))
-        params["embedding"] = e
+        # The statistics start at uniform use (batch / K per code and step), so that dead-code
+        # replacement judges a code by its own use from the first steps on.
+        start = jnp.float32(s.batch_size / m.codebook_size)
+        codes = m.codebook.codes(params["codebook"]).astype(jnp.float32)
+        state = CodebookState(jnp.full((m.codebook_size,), start), codes * start)
+    elif m.fsq is not None:
+        k_in, k_out = keys.split(k_q, where="vq compare: fsq projections")
+        params["fsq"] = {
+            "project_in": _linear(k_in, m.code_dim, m.fsq.dim),
+            "project_out": _linear(k_out, m.fsq.dim, m.code_dim),
+        }
     return params, state
 
 
+def _linear(key, fan_in, fan_out):
+    w = jax.random.normal(keys.consume(key, where="vq compare: projection init"), (fan_in, fan_out), jnp.float32)
+    return {"w": w / jnp.sqrt(jnp.float32(fan_in)), "b": jnp.zeros((fan_out,), jnp.float32)}
+
+
 class _Quantized(NamedTuple):
-    latent: jax.Array  # (B, decoder_width): what the decoder reads
-    indices: jax.Array  # (B, tokens) int32
+    latent: jax.Array  # (B, d): what the decoder reads
+    indices: jax.Array  # (B,) int32
     aux_loss: jax.Array  # ()
-    error: jax.Array  # () quantisation error, mean over tokens of ||z - q||^2
     out: Any  # the CodebookOutput for VQ, else None
-    norms: tuple[jax.Array, jax.Array]  # () each: mean over tokens of ||z||^2 and of ||q||^2 (the error's scale)
 
 
-def _taus(s: CompareSettings) -> tuple[float, ...]:
-    if s.tau_stages == 1:
-        return (s.tau_start,)
-    ratio = s.tau_end / s.tau_start
-    return tuple(float(s.tau_start * ratio ** (i / (s.tau_stages - 1))) for i in range(s.tau_stages))
-
-
-def _quantize(m: _Model, params, z, *, key=None, stage=None, train: bool) -> _Quantized:
+def _quantize(m: _Model, params, z) -> _Quantized:
     s = m.settings
-    b = z.shape[0]
     if m.codebook is not None:
         out = m.codebook.quantize(params["codebook"], z)
-        weight = 0.0 if m.config.quantizer == "no_gradient" else s.commitment_weight
+        weight = 0.0 if m.variant.estimator == "none" else s.commitment_weight
         aux = m.codebook.loss(out, commitment_weight=weight)
-        norms = (_mean_sq_norm(out.vectors), _mean_sq_norm(out.codes))
-        return _Quantized(out.quantized, out.indices, aux, quantization_error(out.vectors, out.codes), out, norms)
-    if m.fsq is not None:
-        zt = z.reshape(b, s.tokens, len(s.fsq_levels))
-        q = m.fsq(zt)
-        bounded = jax.lax.stop_gradient(m.fsq.bounded(zt))
-        err = quantization_error(bounded, q)
-        norms = (_mean_sq_norm(bounded), _mean_sq_norm(q))
-        return _Quantized(q.reshape(b, -1), m.fsq.codes_to_indices(q), jnp.zeros(()), err, None, norms)
-    logits = z.reshape(b, s.tokens, s.codebook_size)
-    embedding = params["embedding"]
-    if train:
-        branches = [(lambda lg, k, tau=tau: gumbel_softmax_st(lg, key=k, tau=tau)) for tau in _taus(s)]
-        onehot = jax.lax.switch(stage, branches, logits, keys.consume(key, where="vq compare: gumbel noise"))
-    else:  # evaluation: the most likely code, no noise
-        onehot = jax.nn.one_hot(jnp.argmax(logits, axis=-1), s.codebook_size, dtype=logits.dtype)
-    q = onehot @ embedding
-    soft = jax.nn.softmax(logits, axis=-1) @ embedding
-    err = quantization_error(jax.lax.stop_gradient(soft), jax.lax.stop_gradient(q))
-    norms = (_mean_sq_norm(soft), _mean_sq_norm(q))
-    indices = jnp.argmax(onehot, axis=-1).astype(jnp.int32)
-    return _Quantized(q.reshape(b, -1), indices, jnp.zeros(()), err, None, norms)
+        return _Quantized(out.quantized, out.indices[:, 0], aux, out)
+    if m.fsq is None:  # _model makes one or the other
+        raise ValueError(f"vq compare: variant {m.variant.name!r} has neither a codebook nor FSQ.")
+    q = m.fsq(_affine(params["fsq"]["project_in"], z))
+    latent = _affine(params["fsq"]["project_out"], q)
+    return _Quantized(latent, m.fsq.codes_to_indices(q), jnp.zeros(()), None)
 
 
-def _mean_sq_norm(v):
-    """Mean over vectors (the last axis is one vector) of ``||v||^2``, with no gradient: a statistic."""
-    return jnp.mean(jnp.sum(jnp.square(jax.lax.stop_gradient(v)), axis=-1))
+def _forward(m: _Model, params, x):
+    qz = _quantize(m, params, _mlp(params["encoder"], x))
+    return _mlp(params["decoder"], qz.latent), qz
 
 
-def _forward(m: _Model, params, x, **kw):
-    z = _mlp(params["encoder"], x)
-    qz = _quantize(m, params, z, **kw)
-    recon = _mlp(params["decoder"], qz.latent)
-    return recon, qz
-
-
-# ------------------------------------------------------------------------------------------------
-# Training: one seed, then vmapped over seeds
-# ------------------------------------------------------------------------------------------------
-
-
-def _loss(m: _Model, params, x, key, stage):
-    """The training loss: reconstruction MSE plus the quantiser's auxiliary loss; ``(loss, (mse, quantized))``."""
-    recon, qz = _forward(m, params, x, key=key, stage=stage, train=True)
+def _loss(m: _Model, params, x):
+    """Reconstruction MSE plus the quantiser's auxiliary loss; ``(loss, (mse, quantized))``."""
+    recon, qz = _forward(m, params, x)
     mse = jnp.mean(jnp.square(recon - x))
     return mse + qz.aux_loss, (mse, qz)
-
-
-def _run_one(m: _Model, key, x_train, x_test):
-    """Train one seed and evaluate it; pure, so it vmaps over (key, x_train, x_test)."""
-    import optax
-
-    s = m.settings
-    adam = optax.adam(s.learning_rate)
-    # optax mixes Python floats with int32 step counts (decay**count), which strict promotion refuses.
-    optimizer = optax.GradientTransformation(_standard_promotion(adam.init), _standard_promotion(adam.update))
-    k_init, k_kmeans, k_run = keys.split(key, 3, where="vq compare: seed -> init, kmeans, run")
-    params, cb_state = _init(m, k_init)
-    n = x_train.shape[0]
-    n_batches = n // s.batch_size
-    cb = m.codebook
-
-    if m.config.codebook == "kmeans_dead_code":
-        if cb is None:  # AutoencoderConfig allows kmeans_dead_code only with a codebook quantizer
-            raise ValueError(f"vq compare: {m.config.name!r} uses kmeans_dead_code but has no codebook.")
-        k_pick, k_means = keys.split(k_kmeans, where="vq compare: kmeans examples, means")
-        first = x_train[jax.random.permutation(keys.consume(k_pick, where="vq compare: kmeans examples"), n)]
-        first = first[: s.kmeans_examples]
-        vectors = cb.project(params["codebook"], _mlp(params["encoder"], first))
-        params["codebook"], cb_state = cb.kmeans_init(
-            params["codebook"], cb_state, vectors, key=k_means, iters=s.kmeans_iters
-        )
-    opt_state = optimizer.init(params)
-
-    def step(carry, inputs):
-        p, o, st = carry
-        x, k, stage = inputs
-        k_q, k_dead = keys.split(k, where="vq compare: step -> quantiser, dead codes")
-        (_, (mse, qz)), grads = jax.value_and_grad(_loss, argnums=1, has_aux=True)(m, p, x, k_q, stage)
-        updates, o = optimizer.update(grads, o, p)
-        p = optax.apply_updates(p, updates)
-        replaced = jnp.zeros((), jnp.int32)
-        if cb is not None:
-            p["codebook"], st = cb.update_state(p["codebook"], st, qz.out)
-            if cb.dead_code_threshold > 0:
-                p["codebook"], st, dead = cb.replace_dead(p["codebook"], st, qz.out.vectors, key=k_dead)
-                replaced = jnp.sum(dead).astype(jnp.int32)
-        return (p, o, st), (mse, qz.indices, replaced)
-
-    n_stages = s.tau_stages
-
-    def epoch(carry, epoch_index):
-        p, o, st, k = carry
-        k, k_perm, k_steps = keys.split(k, 3, where="vq compare: epoch -> run, shuffle, steps")
-        perm = jax.random.permutation(keys.consume(k_perm, where="vq compare: epoch shuffle"), n)
-        perm = perm[: n_batches * s.batch_size]
-        xb = x_train[perm].reshape(n_batches, s.batch_size, -1)
-        step_keys = keys.split(k_steps, n_batches, where="vq compare: one key per step")
-        stage = jnp.minimum(epoch_index * n_stages // s.epochs, n_stages - 1)
-        stages = jnp.full((n_batches,), stage, jnp.int32)
-        (p, o, st), (mse, idx, replaced) = jax.lax.scan(step, (p, o, st), (xb, step_keys, stages))
-        hist = code_histogram(idx, s.codebook_size)
-        per_epoch = {
-            "train_mse": jnp.mean(mse),
-            "usage": jnp.mean((hist > 0).astype(jnp.float32)),
-            "dead_codes": jnp.sum(hist == 0).astype(jnp.int32),
-            "replaced": jnp.sum(replaced),
-        }
-        return (p, o, st, k), per_epoch
-
-    (params, _, cb_state, _), history = jax.lax.scan(epoch, (params, opt_state, cb_state, k_run), jnp.arange(s.epochs))
-    recon, qz = _forward(m, params, x_test, train=False)
-    return {
-        "test_mse": jnp.mean(jnp.square(recon - x_test)),
-        "usage": usage(qz.indices, s.codebook_size),
-        "perplexity": perplexity(qz.indices, s.codebook_size),
-        "quantization_error": qz.error,
-        "latent_sq_norm": qz.norms[0],
-        "code_sq_norm": qz.norms[1],
-        "histogram": code_histogram(qz.indices, s.codebook_size),
-        "reconstructions": recon[: s.n_pictures],
-        "history": history,
-    }
 
 
 def _standard_promotion(fn):
@@ -389,54 +339,70 @@ def _standard_promotion(fn):
     return wrapped
 
 
-def _train_config(config: AutoencoderConfig, settings: CompareSettings, x_train, x_test) -> dict[str, np.ndarray]:
-    m = _model(config, settings)
-    seed_keys = jnp.stack([jax.random.key(s) for s in settings.seeds])
-    run = jax.jit(jax.vmap(lambda k, a, b: _run_one(m, k, a, b)))
-    return jax.tree.map(np.asarray, run(seed_keys, x_train, x_test))
+def _run_one(m: _Model, key, source: Source, x_val):
+    """Train one seed and evaluate it on the validation epoch; pure, so it vmaps over ``key``."""
+    import optax
+
+    s = m.settings
+    adam = optax.adam(s.learning_rate)
+    # optax mixes Python floats with int32 step counts (decay**count), which strict promotion refuses.
+    optimizer = optax.GradientTransformation(_standard_promotion(adam.init), _standard_promotion(adam.update))
+    k_init, k_kmeans, k_run = keys.split(key, 3, where="vq compare: seed -> init, kmeans, run")
+    params, cb_state = _init(m, k_init)
+    cb = m.codebook
+    if cb is not None and m.variant.seeding == "kmeans++":
+        k_data, k_means = keys.split(k_kmeans, where="vq compare: kmeans data, seeding")
+        n = min(s.kmeans_per_code * m.codebook_size, max(s.kmeans_max, m.codebook_size))
+        vectors = cb.project(params["codebook"], _mlp(params["encoder"], sample(source, k_data, n, s.source_dim)))
+        params["codebook"], _ = cb.kmeans_init(
+            params["codebook"], cb_state, vectors, key=k_means, iters=s.kmeans_iters, seeding="kmeans++"
+        )
+        start = jnp.float32(s.batch_size / m.codebook_size)
+        cb_state = CodebookState(cb_state.cluster_size, cb.codes(params["codebook"]).astype(jnp.float32) * start)
+    opt_state = optimizer.init(params)
+    track = cb is not None and (cb.update == "ema" or cb.dead_code_threshold > 0)
+
+    def step(carry, k):
+        p, o, st = carry
+        k_x, k_dead = keys.split(k, where="vq compare: step -> batch, dead codes")
+        x = sample(source, k_x, s.batch_size, s.source_dim)
+        (_, (mse, qz)), grads = jax.value_and_grad(_loss, argnums=1, has_aux=True)(m, p, x)
+        updates, o = optimizer.update(grads, o, p)
+        p = optax.apply_updates(p, updates)
+        replaced = jnp.zeros((), jnp.int32)
+        if cb is not None and track:
+            p["codebook"], st = cb.update_state(p["codebook"], st, qz.out)
+            if cb.dead_code_threshold > 0:
+                p["codebook"], st, dead = cb.replace_dead(p["codebook"], st, qz.out.vectors, key=k_dead)
+                replaced = jnp.sum(dead).astype(jnp.int32)
+        return (p, o, st), (mse, replaced)
+
+    step_keys = keys.split(k_run, s.steps, where="vq compare: one key per step")
+    (params, _, _), (mse, replaced) = jax.lax.scan(step, (params, opt_state, cb_state), step_keys)
+    return {
+        **_evaluate(m, params, x_val),
+        "train_mse_end": jnp.mean(mse[-max(1, s.steps // 10) :]),
+        "replaced": jnp.sum(replaced),
+    }
 
 
-# ------------------------------------------------------------------------------------------------
-# References and data
-# ------------------------------------------------------------------------------------------------
+def _evaluate(m: _Model, params, x_val):
+    """The validation epoch in batches of ``batch_size``: usage (whole epoch and per batch), perplexity, MSE."""
+    s = m.settings
+    k = m.codebook_size
+    batches = x_val.reshape(-1, s.batch_size, s.data_dim)
 
+    def one(x):
+        recon, qz = _forward(m, params, x)
+        return qz.indices, jnp.sum(jnp.square(recon - x))
 
-def _load(settings: CompareSettings, part: str = "test"):
-    """``(x_train, x_eval)`` stacked over seeds; ``part="val"`` evaluates on the validation split (for tuning)."""
-    from stejax.data import load_digits, split
-
-    if part not in ("test", "val"):
-        raise ValueError(f"vq compare: the evaluation part must be 'test' or 'val'; got {part!r}.")
-    digits = load_digits()
-    splits = [split(digits, seed=s) for s in settings.seeds]
-    x_train = np.stack([sp.train.x / 16.0 for sp in splits]).astype(np.float32)
-    x_eval = np.stack([getattr(sp, part).x / 16.0 for sp in splits]).astype(np.float32)
-    return x_train, x_eval
-
-
-def references(
-    x_train: np.ndarray, x_test: np.ndarray, *, seed: int, pca_components: int = 8, kmeans_codes: int = 256
-) -> dict[str, float]:
-    """Test MSE of three non-learned-quantiser references fitted on one seed's training split.
-
-    ``mean_image`` predicts the training mean; ``pca`` reconstructs from the top
-    ``pca_components`` principal components (continuous); ``kmeans`` replaces an
-    image by the nearest of ``kmeans_codes`` k-means centres (scikit-learn,
-    k-means++, one initialisation, ``random_state=seed``): one token of
-    ``log2(kmeans_codes)`` bits.
-    """
-    from sklearn.cluster import KMeans
-
-    x_train, x_test = np.asarray(x_train, np.float64), np.asarray(x_test, np.float64)
-    mean = x_train.mean(0)
-    out = {"mean_image": float(np.mean((x_test - mean) ** 2))}
-    _, _, vt = np.linalg.svd(x_train - mean, full_matrices=False)
-    basis = vt[:pca_components]
-    pca = (x_test - mean) @ basis.T @ basis + mean
-    out["pca"] = float(np.mean((x_test - pca) ** 2))
-    km = KMeans(kmeans_codes, n_init=1, random_state=seed).fit(x_train)
-    out["kmeans"] = float(np.mean((x_test - km.cluster_centers_[km.predict(x_test)]) ** 2))
-    return out
+    indices, err = jax.lax.map(one, batches)
+    return {
+        "usage": usage(indices, k),
+        "batch_usage": batch_usage(indices, k),
+        "perplexity": perplexity(indices, k),
+        "val_mse": jnp.sum(err) / x_val.size,
+    }
 
 
 # ------------------------------------------------------------------------------------------------
@@ -444,164 +410,278 @@ def references(
 # ------------------------------------------------------------------------------------------------
 
 
-def _mean_std(values: Sequence[float]) -> tuple[float, float]:
-    a = np.asarray(values, np.float64)
-    return float(a.mean()), float(a.std(ddof=1)) if a.size > 1 else 0.0
+def _program(m: _Model):
+    return jax.jit(jax.vmap(lambda k, src, xv: _run_one(m, k, src, xv), in_axes=(0, None, None)))
 
 
-def _targets(summary: dict[str, Any], per_seed: dict[str, Any], refs: dict[str, Any]) -> list[dict[str, Any]]:
-    out = []
-
-    def add(name, passed, detail):
-        out.append({"name": name, "passed": bool(passed), "detail": detail})
-
-    if "fsq" in summary:
-        u = summary["fsq"]["usage_mean"]
-        add("fsq usage >= 0.97", u >= 0.97, f"fsq usage {u:.4f}")
-    for c in ("plain", "ema", "kmeans_dead_code"):
-        a, b = f"rotation_trick-{c}", f"vq_ste-{c}"
-        if a in per_seed and b in per_seed:
-            pairs = [(r["usage"], s["usage"]) for r, s in zip(per_seed[a], per_seed[b], strict=True)]
-            ok = all(r >= s for r, s in pairs)
-            add(
-                f"rotation_trick usage >= vq_ste usage, {c}, every seed",
-                ok,
-                "pairs (rotation, ste): " + ", ".join(f"({r:.3f}, {s:.3f})" for r, s in pairs),
-            )
-    learned = {k: v for k, v in summary.items() if v["quantizer"] != "no_gradient"}
-    if learned:
-        best = min(learned, key=lambda k: learned[k]["test_mse_mean"])
-        mse = learned[best]["test_mse_mean"]
-        for ref in ("kmeans", "pca"):
-            r = refs[ref]["test_mse_mean"]
-            add(f"best test MSE < {ref} reference", mse < r, f"{best}: {mse:.5f} vs {ref} {r:.5f}")
-    for q in ("vq_ste", "rotation_trick"):
-        name = f"{q}-kmeans_dead_code"
-        if name in summary:
-            u = summary[name]["usage_mean"]
-            add(f"{name} usage >= 0.95", u >= 0.95, f"usage {u:.4f}")
-    if "no_gradient" in summary:
-        mse, ref = summary["no_gradient"]["test_mse_mean"], refs["mean_image"]["test_mse_mean"]
-        # "near the mean image": within 25% of it (the decoder still learns the codes' averages).
-        add("no_gradient MSE near the mean image (>= 0.75 x)", mse >= 0.75 * ref, f"{mse:.5f} vs mean image {ref:.5f}")
-    return out
-
-
-def _environment(settings: CompareSettings) -> dict[str, Any]:
-    import jaxlib
-
+def data_cap(s: CompareSettings, x_val: np.ndarray) -> dict[str, Any]:
+    """How many distinct tokens the data has: per validation epoch (counted) and in training (drawn fresh)."""
+    distinct = int(np.unique(np.asarray(x_val), axis=0).shape[0])
     return {
-        "platform": jax.default_backend(),
-        "device": str(jax.devices()[0]),
-        "jax": jax.__version__,
-        "jaxlib": jaxlib.__version__,
-        "python": platform.python_version(),
-        "machine": platform.machine(),
-        "cpu_count": os.cpu_count(),
-        "seeds": list(settings.seeds),
+        "source": f"tanh MLP {s.source_dim}-64-{s.data_dim} of N(0, I_{s.source_dim}), standardised",
+        "val_tokens": int(x_val.shape[0]),
+        "val_distinct_tokens": distinct,
+        "train_tokens": s.steps * s.batch_size,
+        "train_distinct_tokens": s.steps * s.batch_size,
+        "max_codebook_size": max(s.codebook_sizes),
+        "val_tokens_per_code": x_val.shape[0] / max(s.codebook_sizes),
     }
 
 
 def compare(
     settings: CompareSettings = CompareSettings(),
     *,
-    configurations: Sequence[AutoencoderConfig] = CONFIGURATIONS,
+    workers: int = 1,
     progress: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
-    """Train every configuration on every seed and return the report (a JSON-ready dict).
+    """Train every variant at every ``K`` and ``d`` on every seed; return the report (a JSON-ready dict).
 
-    The report has ``summary`` (per configuration: ``quantizer``, ``codebook``,
-    ``bits_per_image``, ``test_mse_mean``, ``test_mse_std``, ``usage_mean``,
-    ``perplexity_mean``, ``quantization_error_mean``), ``references``
-    (``mean_image``, ``pca``, ``kmeans``: ``test_mse_mean``, ``test_mse_std``,
-    ``per_seed``), ``per_seed`` (per configuration, one entry per seed with the
-    histories of usage and dead codes per epoch), ``targets``, ``settings`` and
-    ``environment``, and ``pictures`` (arrays for :func:`write_report`, removed
-    from the JSON).
+    The report has ``rows`` (one per variant, ``K``, ``d`` and seed: ``usage``,
+    ``batch_usage``, ``perplexity``, ``perplexity_over_k``, ``val_mse``,
+    ``mse_over_fsq``, ``train_mse_end``, ``replaced``, ``bits``), ``summary`` (the
+    same, mean over seeds, plus ``usage_std`` and ``val_mse_std``), ``targets``
+    (judged, met or missed), ``data`` (the data cap), ``programs`` (seconds and XLA
+    compilations of each variant's program: ``compiles`` while it first ran,
+    ``compiles_again`` while it ran a second time on the same shapes, when
+    ``repeat_first`` asks for it), ``compiles`` (all of them), ``seconds`` and
+    ``settings``.
+
+    ``workers`` programs run at once in threads (the results do not depend on it);
+    with more than one, the compilations are counted for the whole run only.
     """
-    import time
+    from concurrent.futures import ThreadPoolExecutor
 
+    from stejax.bench import CompileCounter
+
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ValueError(f"vq compare: `workers` must be a positive int; got {workers!r}.")
     say = progress or (lambda _: None)
-    x_train, x_test = _load(settings)
-    refs_per_seed = [
-        references(
-            x_train[i],
-            x_test[i],
-            seed=s,
-            pca_components=settings.pca_components,
-            kmeans_codes=settings.kmeans_reference_codes,
-        )
-        for i, s in enumerate(settings.seeds)
-    ]
-    refs = {}
-    for name in ("mean_image", "pca", "kmeans"):
-        values = [r[name] for r in refs_per_seed]
-        mean, std = _mean_std(values)
-        refs[name] = {"test_mse_mean": mean, "test_mse_std": std, "per_seed": values}
-    refs["pca"]["components"] = settings.pca_components
-    refs["kmeans"]["codes"] = settings.kmeans_reference_codes
-    refs["kmeans"]["bits_per_image"] = math.log2(settings.kmeans_reference_codes)
-    say("references: " + ", ".join(f"{k} {v['test_mse_mean']:.5f}" for k, v in refs.items()))
+    s = settings
+    source = make_source(s)
+    x_val = sample(source, jax.random.key(s.data_seed + 1), s.val_size, s.source_dim)
+    x_val.block_until_ready()
+    cap = data_cap(s, np.asarray(x_val))
+    seed_keys = jnp.stack([jax.random.key(seed) for seed in s.seeds])
+    jobs = [(name, k, d) for d in s.code_dims for k in s.codebook_sizes for name in s.variants]
 
-    summary, per_seed, pictures = {}, {}, {"originals": x_test[0, : settings.n_pictures], "reconstructions": {}}
-    histories, histograms, timings = {}, {}, {}
-    for config in configurations:
+    def one(job, count: bool):
+        name, k, code_dim = job
+        run = _program(_model(_BY_NAME[name], s, k, code_dim))
         t0 = time.perf_counter()
-        r = _train_config(config, settings, x_train, x_test)
-        seconds = time.perf_counter() - t0
-        rows: list[dict[str, Any]] = []
-        for i, seed in enumerate(settings.seeds):
-            rows.append(
-                {
-                    "seed": seed,
-                    "test_mse": float(r["test_mse"][i]),
-                    "usage": float(r["usage"][i]),
-                    "perplexity": float(r["perplexity"][i]),
-                    "quantization_error": float(r["quantization_error"][i]),
-                    "latent_sq_norm": float(r["latent_sq_norm"][i]),
-                    "code_sq_norm": float(r["code_sq_norm"][i]),
-                    "usage_per_epoch": [float(v) for v in r["history"]["usage"][i]],
-                    "dead_codes_per_epoch": [int(v) for v in r["history"]["dead_codes"][i]],
-                    "replaced_per_epoch": [int(v) for v in r["history"]["replaced"][i]],
-                    "train_mse_per_epoch": [float(v) for v in r["history"]["train_mse"][i]],
-                }
-            )
-        for row in rows:
-            for key in ("test_mse", "quantization_error", "perplexity"):
-                if not math.isfinite(row[key]):
-                    raise FloatingPointError(
-                        f"vq compare: configuration {config.name!r}, seed {row['seed']}: {key} is {row[key]}; "
-                        f"training diverged."
-                    )
-        mse_mean, mse_std = _mean_std([row["test_mse"] for row in rows])
-        summary[config.name] = {
-            "quantizer": config.quantizer,
-            "codebook": config.codebook,
-            "bits_per_image": settings.bits_per_image,
-            "test_mse_mean": mse_mean,
-            "test_mse_std": mse_std,
-            "usage_mean": float(np.mean([row["usage"] for row in rows])),
-            "perplexity_mean": float(np.mean([row["perplexity"] for row in rows])),
-            "quantization_error_mean": float(np.mean([row["quantization_error"] for row in rows])),
+        if count:
+            with CompileCounter() as first:
+                out = jax.tree.map(np.asarray, run(seed_keys, source, x_val))
+        else:
+            out = jax.tree.map(np.asarray, run(seed_keys, source, x_val))
+        info: dict[str, Any] = {
+            "variant": name,
+            "codebook_size": k,
+            "code_dim": code_dim,
+            "seconds": time.perf_counter() - t0,
+            "compiles": first.count if count else None,
         }
-        timings[config.name] = seconds
-        per_seed[config.name] = rows
-        pictures["reconstructions"][config.name] = r["reconstructions"][0]
-        histories[config.name] = r["history"]["usage"].mean(0)
-        histograms[config.name] = r["histogram"][0]
+        if count and s.repeat_first and job == jobs[0]:
+            with CompileCounter() as again:  # the same shapes: the cached executable, no compilation
+                jax.tree.map(np.asarray, run(seed_keys, source, x_val))
+            info["compiles_again"] = again.count
+        rows = _rows(name, k, code_dim, s, out)
         say(
-            f"{config.name}: test MSE {mse_mean:.5f} ± {mse_std:.5f}, usage {summary[config.name]['usage_mean']:.3f}, "
-            f"{seconds:.1f} s"
+            f"{name:>13} K={k:<5} d={code_dim:<3} usage {np.mean(out['usage']):.3f} "
+            f"batch {np.mean(out['batch_usage']):.4f} mse {np.mean(out['val_mse']):.4f} "
+            f"({info['seconds']:.1f} s" + (f", {info['compiles']} compilation(s))" if count else ")")
         )
-    pictures["usage_per_epoch"] = histories
-    pictures["histograms"] = histograms
-    settings_dict = dataclasses.asdict(settings)
+        return rows, info
+
+    t_start = time.perf_counter()
+    with CompileCounter() as total:
+        if workers == 1:
+            results = [one(job, True) for job in jobs]
+        else:
+            with ThreadPoolExecutor(workers) as pool:
+                results = list(pool.map(lambda job: one(job, False), jobs))
+    rows = [r for rs, _ in results for r in rs]
+    _add_fsq_ratios(rows)
+    summary = summarize(rows)
     return {
+        "rows": rows,
         "summary": summary,
-        "references": refs,
-        "per_seed": per_seed,
-        "targets": _targets(summary, per_seed, refs),
-        "settings": settings_dict,
-        "environment": {**_environment(settings), "seconds_per_configuration": timings},
-        "pictures": pictures,
+        "targets": judge_targets(summary, s),
+        "data": cap,
+        "programs": [info for _, info in results],
+        "compiles": total.count,
+        "seconds": time.perf_counter() - t_start,
+        "workers": workers,
+        "settings": dataclasses.asdict(s),
+        "variants": {v.name: v.description for v in VARIANTS if v.name in s.variants},
     }
+
+
+def _rows(name: str, k: int, code_dim: int, s: CompareSettings, out: dict[str, np.ndarray]) -> list[dict[str, Any]]:
+    rows = []
+    for i, seed in enumerate(s.seeds):
+        row: dict[str, Any] = {
+            "variant": name,
+            "codebook_size": k,
+            "code_dim": code_dim,
+            "seed": seed,
+            "bits": math.log2(k),
+            **{key: float(out[key][i]) for key in ("usage", "batch_usage", "perplexity", "val_mse")},
+            "train_mse_end": float(out["train_mse_end"][i]),
+            "replaced": int(out["replaced"][i]),
+        }
+        row["perplexity_over_k"] = row["perplexity"] / k
+        for key in ("val_mse", "train_mse_end", "perplexity"):
+            if not math.isfinite(row[key]):
+                raise FloatingPointError(
+                    f"vq compare: variant {name!r}, K={k}, d={code_dim}, seed {seed}: {key} is {row[key]}; "
+                    f"training diverged."
+                )
+        rows.append(row)
+    return rows
+
+
+def _add_fsq_ratios(rows: list[dict[str, Any]]) -> None:
+    """``mse_over_fsq``: each row's MSE over FSQ's mean MSE (over seeds) at the same ``K`` and ``d``."""
+    fsq: dict[tuple[int, int], list[float]] = {}
+    for r in rows:
+        if r["variant"] == "fsq":
+            fsq.setdefault((r["codebook_size"], r["code_dim"]), []).append(r["val_mse"])
+    for r in rows:
+        ref = fsq.get((r["codebook_size"], r["code_dim"]))
+        r["mse_over_fsq"] = r["val_mse"] / float(np.mean(ref)) if ref else None
+
+
+_MEAN_KEYS = ("usage", "batch_usage", "perplexity", "perplexity_over_k", "val_mse", "mse_over_fsq", "train_mse_end")
+
+
+def summarize(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per variant, ``K`` and ``d``: the mean over seeds (``usage_std``, ``val_mse_std`` their spread)."""
+    groups: dict[tuple[str, int, int], list[dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault((r["variant"], r["codebook_size"], r["code_dim"]), []).append(r)
+    out = []
+    for (name, k, d), rs in groups.items():
+        entry: dict[str, Any] = {"variant": name, "codebook_size": k, "code_dim": d, "bits": math.log2(k)}
+        for key in _MEAN_KEYS:
+            values = [r[key] for r in rs if r[key] is not None]
+            entry[key] = float(np.mean(values)) if values else None
+        entry["usage_std"] = float(np.std([r["usage"] for r in rs], ddof=1)) if len(rs) > 1 else 0.0
+        entry["val_mse_std"] = float(np.std([r["val_mse"] for r in rs], ddof=1)) if len(rs) > 1 else 0.0
+        entry["seeds"] = len(rs)
+        out.append(entry)
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+# Targets
+# ------------------------------------------------------------------------------------------------
+
+# The variants that keep a codebook alive by some mechanism (the negative control is not one).
+_METHODS = ("ste", "rotation", "ema", "kmeans", "dead", "dead_ema", "dead_rotation", "cosine", "low_dim", "fsq")
+
+
+def judge_targets(summary: Sequence[dict[str, Any]], s: CompareSettings) -> list[dict[str, Any]]:
+    """Judge the comparison's targets on the means over seeds; each ``{key, name, passed, value, detail}``.
+
+    A target whose variants or sizes are not in the run is left out.
+    """
+    at = {(e["variant"], e["codebook_size"], e["code_dim"]): e for e in summary}
+    out: list[dict[str, Any]] = []
+
+    def add(key, name, passed, value, detail):
+        out.append({"key": key, "name": name, "passed": bool(passed), "value": value, "detail": detail})
+
+    dims, sizes = s.code_dims, s.codebook_sizes
+    kmin, kmax = min(sizes), max(sizes)
+    if kmin <= 64:
+        worst = [(at[(v, kmin, d)]["usage"], v, d) for v in _METHODS for d in dims if (v, kmin, d) in at]
+        if worst:
+            u, v, d = min(worst)
+            add("k64_usage", f"K = {kmin}: every variant's usage >= 0.95", u >= 0.95, u, f"lowest: {v}, d={d}: {u:.3f}")
+        pairs = [
+            (at[("rotation", kmin, d)]["usage"], at[("ste", kmin, d)]["usage"], d)
+            for d in dims
+            if ("rotation", kmin, d) in at and ("ste", kmin, d) in at
+        ]
+        if pairs:
+            ok = all(r >= t - 0.05 for r, t, _ in pairs)
+            gap = min(r - t for r, t, _ in pairs)
+            add(
+                "k64_rotation_noninferior",
+                f"K = {kmin}: rotation usage >= STE - 0.05",
+                ok,
+                gap,
+                "; ".join(f"d={d}: {r:.3f} vs {t:.3f}" for r, t, d in pairs),
+            )
+    for d in dims:
+        if ("ste", kmax, d) in at:
+            u = at[("ste", kmax, d)]["usage"]
+            add(f"ste_collapses_d{d}", f"K = {kmax}, d = {d}: STE usage <= 0.25", u <= 0.25, u, f"{u:.3f}")
+    rot = []
+    for d in dims:
+        for k in sizes:
+            if ("ste", k, d) in at and ("rotation", k, d) in at and at[("ste", k, d)]["usage"] < 0.6:
+                rot.append((at[("rotation", k, d)]["usage"], at[("ste", k, d)]["usage"], k, d))
+    if rot:
+        ok = all(r >= t + 0.2 for r, t, _, _ in rot)
+        add(
+            "rotation_lifts",
+            "rotation usage >= STE + 0.2 wherever STE < 0.6",
+            ok,
+            min(r - t for r, t, _, _ in rot),
+            "; ".join(f"K={k}, d={d}: {r:.3f} vs {t:.3f}" for r, t, k, d in rot),
+        )
+    for v in ("dead_ema", "dead_rotation"):
+        for d in dims:
+            if (v, kmax, d) in at:
+                u = at[(v, kmax, d)]["usage"]
+                add(f"{v}_d{d}", f"K = {kmax}, d = {d}: {v} usage >= 0.95", u >= 0.95, u, f"{u:.3f}")
+    d8 = 8 if 8 in dims else min(dims)
+    if ("ema", kmax, d8) in at:
+        u = at[("ema", kmax, d8)]["usage"]
+        add("ema_usage", f"K = {kmax}, d = {d8}: EMA usage >= 0.7", u >= 0.7, u, f"{u:.3f}")
+    fsq = [(at[("fsq", k, d)]["usage"], k, d) for k in sizes for d in dims if ("fsq", k, d) in at]
+    if fsq:
+        u, k, d = min(fsq)
+        add("fsq_usage", "FSQ usage >= 0.95 at every K", u >= 0.95, u, f"lowest: K={k}, d={d}: {u:.3f}")
+    for d in dims:
+        if ("fsq", kmax, d) not in at:
+            continue
+        f = at[("fsq", kmax, d)]["val_mse"]
+        vq = [(at[(v, kmax, d)]["val_mse"], v) for v in _METHODS if v != "fsq" and (v, kmax, d) in at]
+        if vq:
+            best, v = min(vq)
+            add(
+                f"best_vs_fsq_d{d}",
+                f"K = {kmax}, d = {d}: best VQ MSE <= 1.1 x FSQ",
+                best <= 1.1 * f,
+                best / f,
+                f"{v}: {best:.4f} vs FSQ {f:.4f} ({best / f:.2f}x)",
+            )
+        if ("ste", kmax, d) in at:
+            e = at[("ste", kmax, d)]["val_mse"]
+            add(
+                f"ste_worse_than_fsq_d{d}",
+                f"K = {kmax}, d = {d}: STE MSE > FSQ",
+                e > f,
+                e / f,
+                f"{e:.4f} vs FSQ {f:.4f} ({e / f:.2f}x)",
+            )
+    ctl = []
+    for d in dims:
+        for k in sizes:
+            if ("no_gradient", k, d) not in at:
+                continue
+            best = min((at[(v, k, d)]["val_mse"] for v in _METHODS if (v, k, d) in at), default=None)
+            if best is not None:
+                ctl.append((at[("no_gradient", k, d)]["val_mse"] / best, k, d))
+    if ctl:
+        r, k, d = min(ctl)
+        add(
+            "control",
+            "negative control MSE >= 2 x the best variant's (every K, d)",
+            r >= 2,
+            r,
+            f"lowest ratio: K={k}, d={d}: {r:.2f}x",
+        )
+    return out

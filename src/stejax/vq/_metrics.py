@@ -8,7 +8,15 @@ import jax
 import jax.numpy as jnp
 from jax.typing import ArrayLike
 
-__all__ = ["bits_per_sample", "code_histogram", "dead_codes", "perplexity", "quantization_error", "usage"]
+__all__ = [
+    "batch_usage",
+    "bits_per_sample",
+    "code_histogram",
+    "dead_codes",
+    "perplexity",
+    "quantization_error",
+    "usage",
+]
 
 
 def _check_size(name: str, codebook_size) -> int:
@@ -46,6 +54,30 @@ def usage(indices: ArrayLike, codebook_size: int) -> jax.Array:
     """
     counts = code_histogram(indices, codebook_size)
     return jnp.mean((counts > 0).astype(jnp.float32))
+
+
+def batch_usage(indices: ArrayLike, codebook_size: int) -> jax.Array:
+    r"""The share of the codes used within each batch, averaged over batches: float32.
+
+    ``indices`` ``(n_batches, ...)``: :math:`\frac{1}{n}\sum_b |\{k : n_{b,k} > 0\}| / K`.
+    At most ``min(batch, K) / K``: a batch of ``B`` vectors cannot use more than ``B`` codes.
+    The per-batch reading of codebook usage, beside :func:`usage` over a whole epoch.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> from stejax.vq import batch_usage
+      >>> batch_usage(jnp.array([[0, 0, 1, 1], [0, 1, 2, 3]]), 8)  # 2 of 8, then 4 of 8
+      Array(0.375, dtype=float32)
+    """
+    k = _check_size("batch_usage", codebook_size)
+    idx = jnp.asarray(indices)
+    if idx.ndim < 1 or not jnp.issubdtype(idx.dtype, jnp.integer):
+        raise TypeError(
+            f"batch_usage: `indices` must be integers of shape (n_batches, ...); got {idx.dtype} {idx.shape}."
+        )
+    flat = idx.reshape(idx.shape[0], -1)
+    used = jax.vmap(lambda row: jnp.sum((jnp.bincount(row, length=k) > 0).astype(jnp.float32)))(flat)
+    return jnp.mean(used) / k
 
 
 def perplexity(indices: ArrayLike, codebook_size: int) -> jax.Array:

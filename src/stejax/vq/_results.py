@@ -1,0 +1,68 @@
+"""The comparison's results file (``docs/results/vq_compare.json``): the summary rows and the judged targets."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+__all__ = ["record"]
+
+COLUMNS = [
+    ("variant", "variant"),
+    ("codebook_size", "K"),
+    ("code_dim", "d"),
+    ("usage", "usage", "{:.3f}"),
+    ("batch_usage", "per-batch usage", "{:.4f}"),
+    ("perplexity_over_k", "perplexity / K", "{:.3f}"),
+    ("val_mse", "val MSE", "{:.4f}"),
+    ("mse_over_fsq", "MSE / FSQ", "{:.2f}"),
+]
+
+# How each target reads as a figure: the value's format.
+_FORMATS = {"usage": "{:.3f}", "ratio": "{:.2f}×", "gap": "{:+.3f}"}
+
+
+def _text(key: str, value: float) -> str:
+    if key.startswith(("best_vs_fsq", "ste_worse_than_fsq")) or key == "control":
+        return _FORMATS["ratio"].format(value)
+    if key in ("k64_rotation_noninferior", "rotation_lifts"):
+        return _FORMATS["gap"].format(value)
+    return _FORMATS["usage"].format(value)
+
+
+def record(report: dict[str, Any], path: str | os.PathLike[str], *, command: str) -> Path:
+    """Write the results file of a :func:`stejax.vq.compare` report with :class:`stejax.bench.results.Recorder`.
+
+    Rows: the summary (one per variant, ``K`` and ``d``, means over seeds; the
+    per-seed rows stay in the run's ``report.json``). Figures: every judged target
+    (its value, the target in words, met or missed) and the speed run's figures
+    when the report has them (``seconds``, ``compiles``).
+    """
+    from stejax.bench.results import Figure, Recorder
+
+    rec = Recorder("vq_compare", command=command)
+    figures = {}
+    for t in report["targets"]:
+        figures[t["key"]] = Figure(t["value"], _text(t["key"], t["value"]), target=t["name"], met=t["passed"])
+    figures["programs"] = Figure(len(report["programs"]), str(len(report["programs"])))
+    figures["compiles"] = Figure(report["compiles"], str(report["compiles"]))
+    wall = report.get("wall_seconds", report["seconds"])
+    figures["wall_seconds"] = Figure(round(wall, 1), f"{wall:.0f} s")
+    data = report["data"]
+    figures["val_tokens"] = Figure(data["val_distinct_tokens"], f"{data['val_distinct_tokens']:,}")
+    figures["train_tokens"] = Figure(data["train_distinct_tokens"], f"{data['train_distinct_tokens']:,}")
+    rows = [{k: e[k] for k, *_ in COLUMNS} | {"seeds": e["seeds"]} for e in report["summary"]]
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    rec.write(out, rows=rows, columns=COLUMNS, figures=figures, notes=_notes(report))
+    return out
+
+
+def _notes(report: dict[str, Any]) -> str:
+    s = report["settings"]
+    return (
+        f"Means over seeds {', '.join(map(str, s['seeds']))}; {s['steps']} Adam steps of batch {s['batch_size']} "
+        f"(lr {s['learning_rate']:g}), codes N(0, {s['init_scale']:g}²), one token per vector of "
+        f"{report['data']['source']}; validation epoch of {s['val_size']} vectors."
+    )
