@@ -14,6 +14,7 @@ pytest 9 no longer allows, so the units are computed here, from the node ids the
 from __future__ import annotations
 
 import functools
+import os
 import re
 from pathlib import Path
 
@@ -25,6 +26,10 @@ import pytest
 # As equinox does: no silent dtype or rank promotion anywhere in the suite.
 jax.config.update("jax_numpy_dtype_promotion", "strict")
 jax.config.update("jax_numpy_rank_promotion", "raise")
+# The command line turns JAX's persistent compilation cache on by default; in the suite it stays off (nothing is
+# written to the user's cache directory, and a program read from disk would not count as a compilation where a
+# test counts them). The test of the option itself points it at a temporary directory.
+os.environ["STEJAX_COMPILE_CACHE"] = "0"
 
 FLOAT_DTYPES = (np.float16, ml_dtypes.bfloat16, np.float32)
 

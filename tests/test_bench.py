@@ -343,3 +343,42 @@ def test_a_stop_gradient_form_with_another_gradient_fails_the_estimator(monkeypa
     check_report(report)
     text = markdown(report)
     assert "**FAILED**: gradients differ" in text and "- FAILED round_ste" in text
+
+
+# ----------------------------------------------------------------------------- the persistent compilation cache
+
+
+def test_cache_dir_is_under_the_user_s_cache_directory(monkeypatch, tmp_path):
+    from stejax._compile_cache import cache_dir
+
+    assert cache_dir({"XDG_CACHE_HOME": str(tmp_path)}) == tmp_path / "stejax" / "jax"
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert cache_dir({"XDG_CACHE_HOME": ""}) == tmp_path / ".cache" / "stejax" / "jax"
+
+
+def test_the_command_line_keeps_compiled_programs_in_the_cache_only_when_asked(monkeypatch, tmp_path):
+    from click.testing import CliRunner
+    from jax._src import compilation_cache
+
+    from stejax.cli import main
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    for name in ("JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"):
+        monkeypatch.delenv(name, raising=False)
+    before = (jax.config.jax_compilation_cache_dir, jax.config.jax_persistent_cache_min_compile_time_secs)
+    try:
+        # Off in the suite (STEJAX_COMPILE_CACHE=0): nothing is configured.
+        assert CliRunner().invoke(main, ["list"]).exit_code == 0
+        assert jax.config.jax_compilation_cache_dir is None
+        result = CliRunner().invoke(main, ["--compile-cache", "list"])
+        assert result.exit_code == 0, result.output
+        directory = tmp_path / "stejax" / "jax"
+        assert jax.config.jax_compilation_cache_dir == str(directory)
+        compilation_cache.reset_cache()
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+        jax.jit(lambda x: jnp.sin(x) * 3.5 + 0.25)(jnp.arange(7.0)).block_until_ready()
+        assert any(directory.iterdir())
+    finally:
+        jax.config.update("jax_compilation_cache_dir", before[0])
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", before[1])
+        compilation_cache.reset_cache()

@@ -44,12 +44,25 @@ __all__ = ["main"]
 
 @click.group(cls=StejaxGroup)
 @click.version_option(package_name="stejax")
-def main() -> None:
+@click.option(
+    "--compile-cache/--no-compile-cache",
+    default=True,
+    show_default=True,
+    envvar="STEJAX_COMPILE_CACHE",
+    help="Keep compiled XLA programs in JAX's persistent cache under the user's cache directory "
+    "($XDG_CACHE_HOME/stejax/jax, else ~/.cache/stejax/jax; JAX_COMPILATION_CACHE_DIR wins), so that a repeated "
+    "run compiles nothing. Also STEJAX_COMPILE_CACHE=0.",
+)
+def main(compile_cache: bool) -> None:
     """stejax: straight-through estimators and other surrogate gradients for JAX.
 
     Start with `stejax list` (the estimators) or `stejax demo` (quantisation-aware
     training end to end); `stejax COMMAND --help` tells more.
     """
+    if compile_cache:
+        from stejax._compile_cache import enable_compile_cache
+
+        enable_compile_cache()
 
 
 # The commands by task, in the order `stejax --help` lists them.
