@@ -1,0 +1,161 @@
+"""stejax.onnx: digits artifacts and rules-quantised NNX models in ONNX Runtime, against stejax's own forward."""
+
+from __future__ import annotations
+
+import shutil
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import onnx
+import pytest
+from flax import nnx
+from safetensors.numpy import load_file
+
+from artifact_runs import pristine
+from stejax.artifacts import ArtifactError
+from stejax.flax import Quant, Rule, calibrate, quantize_model
+from stejax.onnx import INTEGER_OPS, OnnxExportError, export_nnx, export_onnx, integer_op_count, optimized_ops, session
+
+# Products ONNX Runtime must run on integer kernels; float MatMul/Conv/Gemm must be gone from them.
+FLOAT_PRODUCTS = ("MatMul", "Gemm", "Conv", "FusedConv", "FusedMatMul", "FusedGemm")
+
+
+def _logits(art, x):
+    return np.asarray(art.model.apply(art.model.weights, x))
+
+
+@pytest.mark.parametrize(("preset", "model"), [("w4a4", "mlp"), ("w2a2", "mlp"), ("w8a8", "cnn")])
+def test_digits_parity_and_integer_kernels(tmp_path, preset, model):
+    art = pristine(preset, model, regression=model == "mlp")
+    out = export_onnx(art.path, tmp_path / "model.onnx")
+    run = session(out.path)
+    # The test split (the artifact's parity evidence): bit for bit. Both run the same int32 accumulators
+    # and the same float32 rescale (acc * (s_a * s_w) + b) and bias add.
+    x = np.asarray(art.evidence.inputs)
+    got, want = run.run(None, {"features": x})[0], _logits(art, x)
+    assert (got.argmax(1) == want.argmax(1)).all()
+    assert np.abs(got - want).max() == 0.0
+    if model == "mlp":
+        cases = load_file(str(art.path / "regression" / "regression.safetensors"))
+        for name, xs in cases.items():
+            if not name.endswith("/inputs") or name.startswith("invalid"):
+                continue
+            got, want = run.run(None, {"features": xs})[0], _logits(art, xs)
+            assert (got.argmax(1) == want.argmax(1)).all(), name
+            # Off rounding ties: bit for bit. The boundary case puts first-layer inputs exactly on ties
+            # u = (k + 1/2) s: QuantizeLinear divides (u / s = k + 1/2, rounded to even), stejax multiplies by
+            # fl(1/s) (an ulp off the tie, rounded the other way), so a first-layer code may differ by one
+            # there; each such code moves a first-layer output by s_a * s_w * |q_w|. Stated bound: 0.5.
+            assert np.abs(got - want).max() <= (0.5 if name.startswith("boundary") else 0.0), name
+    ops = optimized_ops(out.path)
+    integer_layers = sum(layer.integer for layer in art.model.layers)
+    assert integer_op_count(ops) == integer_layers == len(art.model.layers), ops
+    assert not any(ops[op] for op in FLOAT_PRODUCTS), ops
+    props = {p.key: p.value for p in onnx.load(str(out.path)).metadata_props}
+    assert props["stejax.source_artifact"] == art.id
+    assert props["stejax.source_weights_sha256"] == art.manifest["files"]["weights.safetensors"]["sha256"]
+
+
+def test_digits_float_file_and_int4_codes(tmp_path):
+    art = pristine("w2a2", "mlp")
+    q = export_onnx(art.path, tmp_path / "q.onnx")
+    f = export_onnx(art.path, tmp_path / "f.onnx", float_model=True)
+    types = {t.name: t.data_type for t in onnx.load(str(q.path)).graph.initializer}
+    assert types["layers_1_w_int4"] == onnx.TensorProto.INT4 and types["layers_0_w_int8"] == onnx.TensorProto.INT8
+    assert all(t.data_type != onnx.TensorProto.INT8 for t in onnx.load(str(f.path)).graph.initializer)
+    x = np.asarray(art.evidence.inputs)
+    # The float file has the dequantised weights and float activations: close to, not equal to, the QAT model.
+    logits = session(f.path).run(None, {"features": x})[0]
+    assert (logits.argmax(1) == _logits(art, x).argmax(1)).mean() > 0.8
+    with pytest.raises(FileExistsError, match="never overwritten"):
+        export_onnx(art.path, q.path)
+
+
+def test_tampered_artifact_is_refused(tmp_path):
+    art = shutil.copytree(pristine("w4a4", "mlp").path, tmp_path / "art")
+    weights = art / "weights.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 1
+    weights.write_bytes(bytes(data))
+    with pytest.raises(ArtifactError, match="sha256"):
+        export_onnx(art, tmp_path / "m.onnx")
+    assert not (tmp_path / "m.onnx").exists()
+
+
+class EinsumMLP(nnx.Module):
+    """An unmodified user model: a Linear, an einsum in its own code, a Linear."""
+
+    def __init__(self, width: int, *, rngs: nnx.Rngs):
+        self.fc1 = nnx.Linear(64, width, rngs=rngs)
+        self.mix = nnx.Param(jax.random.normal(rngs.params(), (width, width)) / np.sqrt(width))
+        self.head = nnx.Linear(width, 10, rngs=rngs)
+
+    def __call__(self, x):
+        h = jax.nn.relu(self.fc1(x))
+        h = jax.nn.relu(jnp.einsum("bi,io->bo", h, self.mix[...]))
+        return self.head(h)
+
+
+RULES = [
+    Rule(r"fc1|head", kinds=("linear",), weights=Quant("lsq", bits=8, axis=-1), inputs=Quant("fake_quant", bits=8)),
+    Rule(r"dot0", weights=Quant("lsq", bits=4), inputs=Quant("pact", bits=8)),
+]
+
+
+def _rules_model(width=128, rules=RULES):
+    x = jax.random.normal(jax.random.key(1), (64, 64))
+    model = EinsumMLP(width, rngs=nnx.Rngs(0))
+    q = quantize_model(model, rules, x)
+    calibrate(q, [x])
+    return model, q, x
+
+
+def test_rules_model_parity_integer_kernels_and_size(tmp_path):
+    model, q, x = _rules_model()
+    path = export_nnx(q, x, tmp_path / "q.onnx")
+    float_path = export_nnx(q, x, tmp_path / "f.onnx", float_model=True)
+    got = session(path).run(None, {"input": np.asarray(x)})[0]
+    want = np.asarray(q(x))
+    assert (got.argmax(1) == want.argmax(1)).all()
+    # The same codes, summed in another order: ORT sums int32 exactly, the fake-quantised model sums
+    # float32 products; the bound is float32 summation error over 128 terms of the logits' size.
+    assert np.abs(got - want).max() <= 1e-5 * max(1.0, float(np.abs(want).max()))
+    ops = optimized_ops(path)
+    assert ops["MatMulIntegerToFloat"] == 3 and not any(ops[op] for op in FLOAT_PRODUCTS), ops
+    assert set(INTEGER_OPS) >= {"MatMulIntegerToFloat", "QLinearConv", "ConvInteger"}
+    assert path.stat().st_size <= 0.3 * float_path.stat().st_size
+    float_out = session(float_path).run(None, {"input": np.asarray(x[:3])})[0]
+    np.testing.assert_allclose(float_out, np.asarray(model(x[:3])), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("rule", "match"),
+    [
+        (Rule("fc1", weights=Quant("stochastic_round")), r"fc1 \(weights\) \(stochastic_round\): stochastic"),
+        (Rule("fc1", inputs=Quant(lambda v: v * 2)), r"fc1 \(inputs\) \(<lambda>\): a custom callable"),
+        (Rule("fc1", inputs=Quant("lsq_plus", bits=8)), r"fc1 \(inputs\) \(lsq_plus\): LSQ\+'s learned offset"),
+        (Rule("fc1", inputs=Quant("fake_quant", bits=8, scale="dynamic")), r"dynamic input scale"),
+    ],
+)
+def test_unfaithful_quantisers_are_refused_by_name(tmp_path, rule, match):
+    x = jax.random.normal(jax.random.key(1), (8, 64))
+    rngs = nnx.Rngs(0, quant=1)
+    q = quantize_model(EinsumMLP(16, rngs=nnx.Rngs(0)), [rule], x, rngs=rngs)
+    with pytest.raises(OnnxExportError, match=match):
+        export_nnx(q, x, tmp_path / "m.onnx")
+    assert not (tmp_path / "m.onnx").exists()
+
+
+def test_unsupported_layer_is_refused_by_name(tmp_path):
+    class ConvNet(nnx.Module):
+        def __init__(self, rngs):
+            self.conv = nnx.Conv(1, 4, (3, 3), rngs=rngs)
+
+        def __call__(self, x):
+            return self.conv(x).reshape(x.shape[0], -1)
+
+    x = jnp.ones((2, 8, 8, 1))
+    q = quantize_model(ConvNet(nnx.Rngs(0)), [Rule(weights=Quant("lsq", bits=8))], x)
+    with pytest.raises(OnnxExportError, match="conv_general_dilated"):
+        export_nnx(q, x, tmp_path / "m.onnx")
