@@ -43,13 +43,32 @@ def test_report_json_shape(tmp_path, corpus_dir):
     report = compare_lm(settings, out_dir=tmp_path, corpus=corpus_dir)
     on_disk = json.loads((tmp_path / "report.json").read_text())
     assert on_disk["summary"] == report["summary"]
-    names = {"float", "w4a8", "w4a8_no_ste", "w4a8_scratch", "w4a8_no_ste_scratch"}
+    names = {"float", "w4a8", "w4a8_no_ste", "float_scratch", "w4a8_scratch", "w4a8_no_ste_scratch"}
     assert set(report["summary"]) == names
     for row in report["summary"].values():
-        assert set(row) == {"test_bpb_mean", "test_bpb_std", "delta_vs_float_pct", "step_ms_median"}
-        assert all(np.isfinite(v) for v in row.values())
+        assert set(row) == {
+            "test_bpb_mean",
+            "test_bpb_std",
+            "test_bpb_min",
+            "test_bpb_max",
+            "baseline",
+            "delta_pct",
+            "delta_vs_float_pct",
+            "step_ms_median",
+        }
+        assert all(np.isfinite(v) for k, v in row.items() if k != "baseline")
     s = report["summary"]
-    assert s["float"]["delta_vs_float_pct"] == 0.0
+    assert s["float"]["delta_vs_float_pct"] == 0.0 and s["float_scratch"]["delta_pct"] == 0.0
+    # Every from-scratch row is read against float trained from scratch, every other row against float.
+    for name, row in s.items():
+        base = "float_scratch" if name.endswith("_scratch") else "float"
+        assert row["baseline"] == base
+        b = s[base]["test_bpb_mean"]
+        assert row["delta_pct"] == pytest.approx(100 * (row["test_bpb_mean"] - b) / b)
+    assert set(report["paired"]) == {"w4a8_scratch", "w4a8_no_ste_scratch"}
+    pair = report["paired"]["w4a8_scratch"]["per_seed"][0]
+    assert pair["float_scratch_test_bpb"] == report["per_seed"]["float_scratch"][0]["test_bpb"]
+    assert pair["delta_pct"] == pytest.approx(s["w4a8_scratch"]["delta_pct"])  # one seed: the mean is the pair
     assert [r["seed"] for r in report["per_seed"]["float"]] == [0]
     assert {"ngram-1", "ngram-2", "ngram-3", "ngram-4", "zlib", "bz2", "xz"} == set(report["references"])
     assert set(report["corpus"]["sha256"]) == {"train", "validation", "test"}
@@ -60,15 +79,16 @@ def test_report_json_shape(tmp_path, corpus_dir):
     key = "w4a8_no_ste >= every STE configuration + 0.2 bpb"
     assert set(rows) == {"float < ngram-3", "w4a8 delta <= 2.0%", key}
     row = rows[key]
-    assert row["pairing"].startswith("judged from the float checkpoint") and row["worst_ste"] == "w4a8"
-    assert row["measured"] == s["w4a8_no_ste"]["test_bpb_mean"] - s["w4a8"]["test_bpb_mean"]
+    assert row["pairing"].startswith("judged from scratch") and row["worst_ste"] == "w4a8_scratch"
+    assert row["measured"] == s["w4a8_no_ste_scratch"]["test_bpb_mean"] - s["w4a8_scratch"]["test_bpb_mean"]
     other = row["other_pairing"]
-    assert other["pairing"] == "from scratch" and other["worst_ste"] == "w4a8_scratch"
-    assert other["measured"] == s["w4a8_no_ste_scratch"]["test_bpb_mean"] - s["w4a8_scratch"]["test_bpb_mean"]
+    assert other["pairing"] == "from the float checkpoint" and other["worst_ste"] == "w4a8"
+    assert other["measured"] == s["w4a8_no_ste"]["test_bpb_mean"] - s["w4a8"]["test_bpb_mean"]
     # w4a8_no_ste's forward is w4a8's: post-training quantisation is scored once, under w4a8.
     assert set(report["ptq"]) == {"w4a8"} and len(report["ptq"]["w4a8"]["per_seed"]) == 1
     # Zero gradient, but AdamW's decoupled decay still shrinks the block kernels: by prod(1 - lr_t * wd).
-    _, finetune, scratch = settings.schedules()
+    _, finetune, _ = settings.schedules()
+    scratch = settings.scratch_for("w4a8_no_ste")
     for name, schedule in (("w4a8_no_ste", finetune), ("w4a8_no_ste_scratch", scratch)):
         lrs = make_optimizer(schedule)[1]
         shrink = float(np.prod([1 - float(lrs(t)) * schedule.weight_decay for t in range(schedule.steps)]))
@@ -77,7 +97,7 @@ def test_report_json_shape(tmp_path, corpus_dir):
     assert {"python", "jax", "flax", "load_average_at_start"} <= set(report["environment"])
     md = (tmp_path / "report.md").read_text()
     assert "| `w4a8_scratch` |" in md and "ngram-3" in md
-    assert "from scratch: w4a8_no_ste_scratch - w4a8_scratch" in md
+    assert "from the float checkpoint: w4a8_no_ste - w4a8" in md and "| `float_scratch` |" in md
     assert (tmp_path / "seed0" / "w4a8_no_ste_scratch" / "metrics.jsonl").exists()
 
 
@@ -158,3 +178,73 @@ def test_seeds_in_worker_processes_give_the_same_figures_and_extras_are_fine_tun
     tuned, other = (recipe.finetune_for(n, settings.schedules()[1]) for n in ("w1.58a8", "w4a8"))
     assert (tuned.weight_decay, tuned.learning_rate, tuned.min_lr_ratio) == (0.0, 5e-3, 0.0)
     assert (other.weight_decay, other.learning_rate, other.min_lr_ratio) == (0.1, 3e-3, 0.1)
+
+
+def test_from_scratch_recipe_takes_effect():
+    """BitNet b1.58's recipe parts as options: the rate drops at the midpoint, the decay is 0 from it on."""
+    from stejax.lm import FULL, TrainSettings
+
+    assert FULL.scratch_names[0] == "float" and "w1.58a8" in FULL.scratch_names and len(FULL.seeds) >= 3
+    settings = QUICK.replace(
+        scratch_recipe={"warmup_fraction": 0.3},
+        scratch_recipes={
+            "w1.58a8": {"learning_rate": 2e-2, "two_stage": True, "stage_two_weight_decay": 0.0, "min_lr_ratio": 0.0}
+        },
+    )
+    ternary, flt = settings.scratch_for("w1.58a8"), settings.scratch_for("float")
+    total = settings.float_steps + settings.finetune_steps
+    assert ternary.steps == flt.steps == total and ternary.warmup == flt.warmup == int(0.3 * total)
+    assert (flt.learning_rate, flt.two_stage, flt.stage_two_weight_decay) == (1e-2, False, None)
+    assert settings.to_dict()["scratch_schedules"]["w1.58a8"]["two_stage"] is True
+    _, lr = make_optimizer(ternary)
+    mid = ternary.midpoint
+    assert float(lr(mid - 1)) == pytest.approx(2e-2 * ternary.stage_one_end, rel=0.02)
+    assert float(lr(mid)) == pytest.approx(2e-2 * ternary.stage_two_start)
+    assert float(lr(total)) == pytest.approx(0.0, abs=1e-9)
+    # With a zero gradient Adam's step is 0, so a matrix changes only by the decay: 1 - lr_t * wd before the
+    # midpoint, not at all from it on; vectors never decay.
+    small = TrainSettings(steps=8, warmup=2, weight_decay=0.5, stage_two_weight_decay=0.0, two_stage=True)
+    tx, lr = make_optimizer(small)
+    params = {"kernel": np.ones((2, 2), np.float32), "scale": np.ones(2, np.float32)}
+    state = tx.init(params)
+    for t in range(small.steps):
+        updates, state = tx.update({k: np.zeros_like(v) for k, v in params.items()}, state, params)
+        new = {k: params[k] + np.asarray(updates[k]) for k in params}
+        expected = 1 - float(lr(t)) * 0.5 if t < small.midpoint else 1.0
+        assert new["kernel"][0, 0] / params["kernel"][0, 0] == pytest.approx(expected, rel=1e-6), t
+        assert (new["scale"] == params["scale"]).all()
+        params = new
+    with pytest.raises(ValueError, match="changes \\['momentum'\\]"):
+        QUICK.replace(scratch_recipes={"w1.58a8": {"momentum": 0.9}})
+    with pytest.raises(ValueError, match="scratch_recipes names \\['w9'\\]"):
+        QUICK.replace(scratch_recipes={"w9": {}})
+    with pytest.raises(ValueError, match="must end by the midpoint"):
+        TrainSettings(steps=10, warmup=6, two_stage=True)
+
+
+def test_comparison_runs_export(tmp_path, corpus_dir):
+    """Each run of a comparison has what `stejax lm export` reads; a folder without it gets a clear error."""
+    settings = QUICK.replace(
+        model=TINY,
+        float_steps=2,
+        finetune_steps=2,
+        configs=("float", "w1.58a8"),
+        scratch=("w1.58a8",),
+        ptq=False,
+        batch_size=2,
+        eval_bytes=256,
+        reference_context_bytes=2048,
+        sample_tokens=2,
+    )
+    compare_lm(settings, out_dir=tmp_path / "c", corpus=corpus_dir)
+    runner = CliRunner()
+    for run in ("w1.58a8_scratch", "w1.58a8", "float_scratch", "float_base"):
+        config = json.loads((tmp_path / "c" / "seed0" / run / "config.json").read_text())
+        assert config["config"] == run.removesuffix("_scratch").replace("float_base", "float")
+        art = tmp_path / f"art-{run}"
+        result = runner.invoke(main, ["lm", "export", str(tmp_path / "c" / "seed0" / run), str(art)])
+        assert result.exit_code == 0, result.output
+    manifest = json.loads((tmp_path / "art-w1.58a8_scratch" / "manifest.json").read_text())
+    assert {e["container"] for e in manifest["quantised"].values()} == {"trit5"}
+    result = runner.invoke(main, ["lm", "export", str(tmp_path / "c"), str(tmp_path / "art-x")])
+    assert result.exit_code == 2 and "has no config.json" in result.output

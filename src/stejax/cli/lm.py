@@ -263,7 +263,7 @@ def compare_command(
         extra = {kind: functools.partial(qwix_lm, kind=kind) for kind in QWIX_LM_KINDS}
 
     console = Console()
-    runs = len(settings.seeds) * (len(settings.configs) + len(extra) + 1 + len(settings.scratch))
+    runs = len(settings.seeds) * (len(settings.configs) + len(extra) + 1 + len(settings.scratch_names))
     with progress_bar(console) as progress:
         task = progress.add_task("references", total=runs)
 
@@ -277,17 +277,18 @@ def compare_command(
             lambda: compare_lm(settings, out_dir=out, corpus=corpus, on_event=on_event, workers=workers, extra=extra)
         )
     table = Table(title=f"stejax lm compare ({settings.tier})")
-    for column in ("configuration", "test bpb", "Δ vs float", "step ms"):
+    for column in ("configuration", "test bpb", "Δ vs baseline", "Δ vs float", "step ms"):
         table.add_column(column)
     for name, row in report["summary"].items():
         table.add_row(
             name,
             f"{row['test_bpb_mean']:.4f} ± {row['test_bpb_std']:.4f}",
+            f"{row['delta_pct']:+.2f}% ({row['baseline']})",
             f"{row['delta_vs_float_pct']:+.2f}%",
             f"{row['step_ms_median']:.1f}",
         )
     for name, value in report["references"].items():
-        table.add_row(f"[dim]{name}[/dim]", f"{value['bpb']:.4f}", "", "")
+        table.add_row(f"[dim]{name}[/dim]", f"{value['bpb']:.4f}", "", "", "")
     console.print(table)
     console.print(Text(f"wrote {out / 'report.json'} and {out / 'report.md'}"))
 
@@ -328,6 +329,12 @@ def export_command(run: Path, out: Path, format_: str, ternary: str) -> None:
 
     if out.exists():
         raise click.BadParameter(f"{out} exists; artifacts are never overwritten.", param_hint="OUT")
+    if not (run / "config.json").is_file() or not (run / "params.safetensors").is_file():
+        raise click.BadParameter(
+            f"{run} has no config.json and params.safetensors; expected a run directory written by "
+            "`stejax lm train` or one of `stejax lm compare` (OUT/seed<S>/<configuration>).",
+            param_hint="RUN_OR_ARTIFACT",
+        )
     config = json.loads((run / "config.json").read_text())
     model = load_checkpoint(Transformer(LMConfig(**config["model"]), rngs=nnx.Rngs(0)), run / "params.safetensors")
     size = predicted_size(model, config["config"])

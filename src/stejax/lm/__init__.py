@@ -9,6 +9,7 @@ from stejax.lm._compare import QUICK as QUICK
 from stejax.lm._compare import TARGETS as TARGETS
 from stejax.lm._compare import CompareSettings as CompareSettings
 from stejax.lm._compare import compare_lm as compare_lm
+from stejax.lm._compare import train_from_scratch as train_from_scratch
 from stejax.lm._configs import CONFIGS as CONFIGS
 from stejax.lm._configs import LMQuant as LMQuant
 from stejax.lm._configs import quantised_paths as quantised_paths

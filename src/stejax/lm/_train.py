@@ -8,6 +8,18 @@ cross-entropy. The learning rate rises linearly for ``warmup`` steps to
 the last step. AdamW (:math:`\beta = (0.9, 0.95)`) decays the weights of
 matrices only (not norms). Gradients are clipped to a global norm.
 
+BitNet b1.58's two-stage recipe (Ma et al., "BitNet b1.58 2B4T Technical
+Report", 2025; "The Era of 1-bit LLMs: Training Tips, Code and FAQ", 2024) is
+two options. ``two_stage=True``: after the warm-up the rate follows a cosine
+from the peak to ``stage_one_end * learning_rate`` at the midpoint
+:math:`m = \lfloor steps / 2 \rfloor`, drops there to
+``stage_two_start * learning_rate`` and follows a second cosine to
+``min_lr_ratio * learning_rate`` at the last step (the report's 1.5e-3 to 8e-4,
+then 5e-4 down: the defaults 8/15 and 1/3). ``stage_two_weight_decay=0.0``:
+the decay is ``weight_decay`` before step :math:`m` and 0 from it on. For a
+quantised model the decay acts on the latent float kernels that the quantiser
+reads.
+
 A step whose loss, gradient or input parameters are not finite stops the run
 with :class:`stejax.train.NonFiniteError` naming the step, the part and the
 first non-finite leaf (recomputed from the step's inputs), as the digits
@@ -54,6 +66,12 @@ class TrainSettings:
       clip: the global gradient-norm bound.
       eval_every: steps between validation evaluations (and metrics lines).
       eval_windows: validation windows per evaluation.
+      two_stage: BitNet b1.58's two-stage rate: a cosine to ``stage_one_end`` of the peak at the midpoint,
+        a drop to ``stage_two_start`` of the peak, a cosine to ``min_lr_ratio`` of it.
+      stage_one_end: the rate just before the midpoint over the peak (``two_stage`` only).
+      stage_two_start: the rate at the midpoint over the peak (``two_stage`` only).
+      stage_two_weight_decay: the weight decay from the midpoint on (None: ``weight_decay`` throughout;
+        BitNet b1.58: 0).
     """
 
     steps: int = 2000
@@ -65,6 +83,10 @@ class TrainSettings:
     clip: float = 1.0
     eval_every: int = 250
     eval_windows: int = 64
+    two_stage: bool = False
+    stage_one_end: float = 8 / 15
+    stage_two_start: float = 1 / 3
+    stage_two_weight_decay: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "eval_every", "eval_windows"):
@@ -78,6 +100,25 @@ class TrainSettings:
                 "TrainSettings: expected learning_rate > 0, clip > 0 and min_lr_ratio in [0, 1]; got "
                 f"{self.learning_rate}, {self.clip}, {self.min_lr_ratio}."
             )
+        if not (self.weight_decay >= 0 and (self.stage_two_weight_decay is None or self.stage_two_weight_decay >= 0)):
+            raise ValueError(
+                "TrainSettings: expected weight_decay >= 0 and stage_two_weight_decay None or >= 0; got "
+                f"{self.weight_decay}, {self.stage_two_weight_decay}."
+            )
+        if not (0 <= self.stage_one_end <= 1 and 0 <= self.stage_two_start <= 1):
+            raise ValueError(
+                "TrainSettings: expected stage_one_end and stage_two_start in [0, 1]; got "
+                f"{self.stage_one_end}, {self.stage_two_start}."
+            )
+        if self.two_stage and self.warmup > self.midpoint:
+            raise ValueError(
+                f"TrainSettings: with two_stage the warm-up ({self.warmup}) must end by the midpoint ({self.midpoint})."
+            )
+
+    @property
+    def midpoint(self) -> int:
+        """The first step of the second stage, :math:`\\lfloor steps / 2 \\rfloor` (0-based, as optax counts)."""
+        return self.steps // 2
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready fields."""
@@ -105,19 +146,54 @@ class LMTrainResult:
         return float(np.median(self.step_ms)) if self.step_ms else float("nan")
 
 
-def make_optimizer(settings: TrainSettings) -> tuple[optax.GradientTransformation, optax.Schedule]:
-    """Clipping, then AdamW on the warm-up + cosine schedule (decay on matrices only)."""
-    schedule = optax.warmup_cosine_decay_schedule(
+def learning_rate_schedule(settings: TrainSettings) -> optax.Schedule:
+    """The rate of update :math:`t` (0-based): warm-up then one cosine, or BitNet's two stages (``two_stage``)."""
+    peak = settings.learning_rate
+    if not settings.two_stage:
+        return optax.warmup_cosine_decay_schedule(
+            init_value=0.0,
+            peak_value=peak,
+            warmup_steps=settings.warmup,
+            decay_steps=max(settings.steps, settings.warmup + 1),
+            end_value=peak * settings.min_lr_ratio,
+        )
+    mid = settings.midpoint
+    first = optax.warmup_cosine_decay_schedule(
         init_value=0.0,
-        peak_value=settings.learning_rate,
+        peak_value=peak,
         warmup_steps=settings.warmup,
-        decay_steps=max(settings.steps, settings.warmup + 1),
-        end_value=settings.learning_rate * settings.min_lr_ratio,
+        decay_steps=max(mid, settings.warmup + 1),
+        end_value=peak * settings.stage_one_end,
     )
+    second = optax.cosine_decay_schedule(
+        init_value=peak * settings.stage_two_start,
+        decay_steps=max(settings.steps - mid, 1),
+        alpha=settings.min_lr_ratio / settings.stage_two_start if settings.stage_two_start > 0 else 0.0,
+    )
+    return optax.join_schedules([first, second], boundaries=[mid])
+
+
+def weight_decay_schedule(settings: TrainSettings) -> float | optax.Schedule:
+    """AdamW's decoupled decay of update :math:`t`: a constant, or a step to ``stage_two_weight_decay`` at the
+    midpoint."""
+    if settings.stage_two_weight_decay is None:
+        return settings.weight_decay
+    before, after, mid = settings.weight_decay, settings.stage_two_weight_decay, settings.midpoint
+    return lambda count: jnp.where(count < mid, jnp.float32(before), jnp.float32(after))
+
+
+def make_optimizer(settings: TrainSettings) -> tuple[optax.GradientTransformation, optax.Schedule]:
+    """Clipping, then AdamW on :func:`learning_rate_schedule` (decay on matrices only, by
+    :func:`weight_decay_schedule`)."""
+    schedule = learning_rate_schedule(settings)
     tx = optax.chain(
         optax.clip_by_global_norm(settings.clip),
         optax.adamw(
-            schedule, b1=0.9, b2=0.95, weight_decay=settings.weight_decay, mask=lambda p: jax.tree.map(_is_matrix, p)
+            schedule,
+            b1=0.9,
+            b2=0.95,
+            weight_decay=weight_decay_schedule(settings),
+            mask=lambda p: jax.tree.map(_is_matrix, p),
         ),
     )
     return _standard_promotion(tx), schedule
