@@ -19,7 +19,7 @@ from stejax.bench._train import train_suite
 
 __all__ = ["PROTOCOL", "SUITES", "BenchSettings", "run_bench"]
 
-SUITES: tuple[str, ...] = ("estimators", "train", "inference", "peers")
+SUITES: tuple[str, ...] = ("estimators", "train", "inference", "peers", "onnx")
 
 PROTOCOL = (
     "every variant is called `warmup` times first, untimed (the first call compiles; compilations are "
@@ -119,6 +119,7 @@ def run_bench(
         "train": lambda: train_suite(repeats=r, warmup=w, quick=quick),
         "inference": lambda: inference_suite(repeats=r, warmup=w, quick=quick),
         "peers": lambda: peers_suite(repeats=r, warmup=w, quick=quick),
+        "onnx": lambda: _onnx_suite(repeats=r, warmup=w, quick=quick),
     }
     for name in names:
         if on_event is not None:
@@ -134,6 +135,12 @@ def run_bench(
     if out_dir is not None:
         write_report(report, Path(out_dir), plots=plots)
     return report
+
+
+def _onnx_suite(**kwargs: Any) -> dict[str, Any]:
+    from stejax.bench._onnx import onnx_suite  # onnx and onnxruntime are the extra stejax[onnx]
+
+    return onnx_suite(**kwargs)
 
 
 def _resolve(suites: Sequence[str]) -> list[str]:

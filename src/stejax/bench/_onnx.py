@@ -1,0 +1,272 @@
+"""The onnx suite: ONNX Runtime (CPU, 2 intra-op threads) on stejax's QDQ files, against stejax's own forward."""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+__all__ = ["onnx_suite"]
+
+THREADS = 2  # ORT's intra_op_num_threads, set explicitly (the machine's other cores are not ours)
+
+
+def _mlp(width: int, bits: int, rng: np.random.Generator) -> Any:
+    """A 3-layer MLP, ``width`` wide, random codes: ``bits``-bit LSQ weights, 8-bit inputs (signed first)."""
+    from stejax.export import ExportedModel, InputFormat, LayerSpec, WeightFormat, pack_codes
+    from stejax.export._packing import container_for
+
+    shapes = [(width, width), (width, width), (width, 10)]
+    layers, params = [], []
+    for i, (k, n) in enumerate(shapes):
+        layer = LayerSpec(
+            kind="dense",
+            in_shape=(k,),
+            w_shape=(k, n),
+            stride=1,
+            relu=i > 0,
+            weights=WeightFormat("lsq", bits, "channel"),
+            inputs=InputFormat("lsq", 8, signed=i == 0),
+        )
+        half = 2 ** (bits - 1)
+        codes = rng.integers(-half, half, (k, n))
+        layers.append(layer)
+        params.append(
+            {
+                "w": jnp.asarray(pack_codes(codes, container_for(bits, binary=False))),
+                "w_scale": jnp.asarray(rng.uniform(0.5, 1.5, n).astype(np.float32) / (half * np.sqrt(k))),
+                "b": jnp.asarray(rng.normal(size=n).astype(np.float32) * 0.1),
+                "a_step": jnp.float32(0.03 if i == 0 else 0.01),
+            }
+        )
+    weights = {
+        "normalizer": {"mean": jnp.zeros(width, jnp.float32), "std": jnp.ones(width, jnp.float32)},
+        "layers": tuple(params),
+    }
+    return ExportedModel(layers=tuple(layers), weights=weights, input_shape=(width,), n_classes=10)
+
+
+def _cnn(preset_name: str) -> tuple[Any, np.ndarray]:
+    from stejax.data import Normalizer
+    from stejax.export import export_model
+    from stejax.model import init_params, preset
+    from stejax.train import TrainConfig, load_splits
+
+    config = TrainConfig(model="cnn")
+    splits = load_splits(config)
+    model_config = config.model_config(splits.train)
+    qc = preset(preset_name)
+    params = init_params(jax.random.key(0), model_config, qc)
+    return export_model(params, model_config, qc, Normalizer.fit(splits.train.x)), np.asarray(splits.test.x, np.float32)
+
+
+def _digits_files(model: Any, tmp: Path, name: str) -> dict[str, Path]:
+    from stejax.onnx._digits import digits_graph, weight_format_name
+    from stejax.onnx._graph import save_model
+
+    out = {}
+    from onnx import TensorProto
+
+    for float_model in (False, True):
+        graph, logits = digits_graph(model, float_model=float_model)
+        proto = graph.model(
+            [("features", TensorProto.FLOAT, ("batch", model.input_shape[0]))],
+            [(logits, TensorProto.FLOAT, ("batch", model.n_classes))],
+            {"stejax.benchmark": name},
+        )
+        fmt = weight_format_name(model, float_model=float_model)
+        out[fmt] = save_model(proto, tmp / f"{name}-{fmt}.onnx")
+    return out
+
+
+def _rules_model(width: int) -> tuple[Any, np.ndarray]:
+    from flax import nnx
+
+    from stejax.flax import Quant, Rule, calibrate, quantize_model
+
+    class EinsumMLP(nnx.Module):
+        def __init__(self, rngs: nnx.Rngs):
+            self.fc1 = nnx.Linear(64, width, rngs=rngs)
+            self.mix = nnx.Param(jax.random.normal(rngs.params(), (width, width)) / np.sqrt(width))
+            self.head = nnx.Linear(width, 10, rngs=rngs)
+
+        def __call__(self, x):
+            h = jax.nn.relu(self.fc1(x))
+            h = jax.nn.relu(jnp.einsum("bi,io->bo", h, self.mix[...]))
+            return self.head(h)
+
+    x = np.asarray(jax.random.normal(jax.random.key(1), (256, 64)), np.float32)
+    rules = [Rule(weights=Quant("lsq", bits=8, axis=-1), inputs=Quant("fake_quant", bits=8, signed=False))]
+    q = quantize_model(EinsumMLP(nnx.Rngs(0)), rules, jnp.asarray(x))
+    calibrate(q, [jnp.asarray(x)])
+    return q, x
+
+
+def _time(variants: dict[str, tuple[Any, np.ndarray]], repeats: int, warmup: int) -> dict[str, np.ndarray]:
+    """Interleaved rounds: every variant once per round, the order rotated by one each round."""
+    names = list(variants)
+    for name in names:
+        fn, x = variants[name]
+        for _ in range(warmup):
+            fn(x)
+    times: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(repeats):
+        for j in range(len(names)):
+            name = names[(r + j) % len(names)]
+            fn, x = variants[name]
+            start = time.perf_counter()
+            fn(x)
+            times[name].append((time.perf_counter() - start) * 1e3)
+    return {n: np.asarray(t) for n, t in times.items()}
+
+
+def _ort(path: Path, input_name: str):
+    from stejax.onnx import session
+
+    s = session(path, threads=THREADS)
+    return lambda x: s.run(None, {input_name: x})[0]
+
+
+def _stejax(model: Any):
+    weights = model.weights
+    return lambda x: jax.block_until_ready(model.compiled_apply(weights, jnp.asarray(x)))
+
+
+def onnx_suite(*, repeats: int, warmup: int, quick: bool, results_dir: str | Path | None = "docs/results") -> dict:
+    """Time ONNX Runtime on the float, int8 and int4 files of three models against stejax's own forward.
+
+    Models: ``mlp-1024`` (three dense layers 1024 wide, random codes; int8 and
+    int4 weights, 8-bit inputs), ``cnn`` (the digits CNN preset, w8a8 and w4a4,
+    freshly initialised weights: timing does not depend on their values) and
+    ``rules-mlp`` (an NNX MLP with an einsum, 256 wide, quantised by rules to
+    8 bits). Runtimes: ``onnxruntime`` (CPU EP, ``intra_op_num_threads=2``,
+    sequential) and ``stejax`` (the jitted integer forward
+    :meth:`stejax.export.ExportedModel.compiled_apply`; for the rules model, the
+    jitted fake-quantised NNX model, stejax's only forward for it). Batches 1
+    and 256; each (model, batch) group is timed in interleaved rounds in one
+    process. Writes ``RESULTS_DIR/onnx.json`` (not with ``quick``, nor with ``results_dir=None``).
+    """
+    from stejax.bench.results import Figure, Recorder
+    from stejax.onnx import export_nnx
+
+    recorder = Recorder("onnx", command="stejax bench --suite onnx")
+    rng = np.random.default_rng(0)
+    width = 256 if quick else 1024
+    batches = (1, 256)
+    rows: list[dict[str, Any]] = []
+    ratios: dict[str, float] = {}
+    with tempfile.TemporaryDirectory(prefix="stejax-bench-onnx-") as tmp_dir:
+        tmp = Path(tmp_dir)
+        groups: list[tuple[str, dict[str, tuple[str, Any, int]], np.ndarray]] = []
+        # mlp-1024: int8 and int4 (+ float from the int8 model's dequantised weights)
+        mlp_name = f"mlp-{width}"
+        m8, m4 = _mlp(width, 8, rng), _mlp(width, 4, rng)
+        f8, f4 = _digits_files(m8, tmp, "mlp8"), _digits_files(m4, tmp, "mlp4")
+        x_mlp = rng.normal(size=(256, width)).astype(np.float32)
+        groups.append(
+            (
+                mlp_name,
+                {
+                    "float/onnxruntime": ("features", f8["float"], f8["float"].stat().st_size),
+                    "int8/onnxruntime": ("features", f8["int8"], f8["int8"].stat().st_size),
+                    "int4/onnxruntime": ("features", f4["int4"], f4["int4"].stat().st_size),
+                    "int8/stejax": ("stejax", m8, 0),
+                    "int4/stejax": ("stejax", m4, 0),
+                },
+                x_mlp,
+            )
+        )
+        if not quick:
+            c8, x_cnn = _cnn("w8a8")
+            c4, _ = _cnn("w4a4")
+            g8, g4 = _digits_files(c8, tmp, "cnn8"), _digits_files(c4, tmp, "cnn4")
+            x_cnn = np.resize(x_cnn, (256, x_cnn.shape[1])).astype(np.float32)
+            groups.append(
+                (
+                    "cnn",
+                    {
+                        "float/onnxruntime": ("features", g8["float"], g8["float"].stat().st_size),
+                        "int8/onnxruntime": ("features", g8["int8"], g8["int8"].stat().st_size),
+                        "int4/onnxruntime": ("features", g4["int8"], g4["int8"].stat().st_size),
+                        "int8/stejax": ("stejax", c8, 0),
+                        "int4/stejax": ("stejax", c4, 0),
+                    },
+                    x_cnn,
+                )
+            )
+        q, x_rules = _rules_model(256)
+        rq = export_nnx(q, x_rules, tmp / "rules-int8.onnx")
+        rf = export_nnx(q, x_rules, tmp / "rules-float.onnx", float_model=True)
+        qfn = jax.jit(lambda v: q(v))
+        groups.append(
+            (
+                "rules-mlp",
+                {
+                    "float/onnxruntime": ("input", rf, rf.stat().st_size),
+                    "int8/onnxruntime": ("input", rq, rq.stat().st_size),
+                    "int8/stejax": ("nnx", qfn, 0),
+                },
+                x_rules,
+            )
+        )
+        for model_name, variants, x_all in groups:
+            for batch in batches:
+                x = np.ascontiguousarray(x_all[:batch])
+                fns = {}
+                for key, (kind, obj, _) in variants.items():
+                    if kind == "stejax":
+                        fns[key] = (_stejax(obj), x)
+                    elif kind == "nnx":
+                        fns[key] = ((lambda f: lambda v: jax.block_until_ready(f(jnp.asarray(v))))(obj), x)
+                    else:
+                        fns[key] = (_ort(obj, kind), x)
+                times = _time(fns, repeats, warmup)
+                for key, t in times.items():
+                    fmt, runtime = key.split("/")
+                    rows.append(
+                        {
+                            "model": model_name,
+                            "format": fmt if not (model_name == "cnn" and fmt == "int4") else "int4",
+                            "runtime": runtime,
+                            "batch": batch,
+                            "ms_p50": float(np.percentile(t, 50)),
+                            "ms_p99": float(np.percentile(t, 99)),
+                            "file_bytes": int(variants[key][2]) or None,
+                        }
+                    )
+                if model_name == mlp_name and batch == 256:
+                    ratios["float_over_int8"] = float(np.median(times["float/onnxruntime"] / times["int8/onnxruntime"]))
+                    ratios["stejax_over_ort"] = float(np.median(times["int8/stejax"] / times["int8/onnxruntime"]))
+    a, b = ratios["float_over_int8"], ratios["stejax_over_ort"]
+    figures = {
+        "ort_int8_vs_float_mlp_b256": Figure(a, f"{a:.2f}×", target="≥ 1.5×", met=a >= 1.5),
+        "ort_int8_vs_stejax_mlp_b256": Figure(b, f"{b:.2f}×", target="≥ 1.0×", met=b >= 1.0),
+    }
+    if results_dir is not None and not quick:  # a quick run checks the suite; it does not replace the figures
+        recorder.write(
+            Path(results_dir) / "onnx.json",
+            rows=rows,
+            columns=[
+                ("model", "model"),
+                ("format", "format"),
+                ("runtime", "runtime"),
+                ("batch", "batch"),
+                ("ms_p50", "p50 ms", "{:.3f}"),
+                ("ms_p99", "p99 ms", "{:.3f}"),
+                ("file_bytes", "file bytes", "{:,}"),
+            ],
+            figures=figures,
+        )
+    notes = [
+        f"onnxruntime: CPU execution provider, intra_op_num_threads={THREADS}, one inter-op thread, sequential.",
+        "The cnn's int4 file is its w4a4 preset: 4-bit hidden weights as ONNX INT4, 8-bit first and last layers.",
+        "rules-mlp's stejax runtime is the jitted fake-quantised NNX model (stejax has no integer forward for it).",
+        f"Throughput ratios at batch 256 on {mlp_name} (median of per-round ratios): ORT float / ORT int8 "
+        f"{a:.2f}, stejax int8 / ORT int8 {b:.2f}.",
+    ]
+    return {"config": {"width": width, "threads": THREADS}, "groups": [], "rows": rows, "notes": notes}
