@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -107,34 +106,17 @@ def _rules_model(width: int) -> tuple[Any, np.ndarray]:
     return q, x
 
 
-def _time(variants: dict[str, tuple[Any, np.ndarray]], repeats: int, warmup: int) -> dict[str, np.ndarray]:
-    """Interleaved rounds: every variant once per round, the order rotated by one each round."""
-    names = list(variants)
-    for name in names:
-        fn, x = variants[name]
-        for _ in range(warmup):
-            fn(x)
-    times: dict[str, list[float]] = {n: [] for n in names}
-    for r in range(repeats):
-        for j in range(len(names)):
-            name = names[(r + j) % len(names)]
-            fn, x = variants[name]
-            start = time.perf_counter()
-            fn(x)
-            times[name].append((time.perf_counter() - start) * 1e3)
-    return {n: np.asarray(t) for n, t in times.items()}
-
-
-def _ort(path: Path, input_name: str):
+def _call(kind: str, obj: Any, x: np.ndarray) -> Any:
+    if kind == "stejax":
+        weights, xj = obj.weights, jnp.asarray(x)
+        return lambda: jax.block_until_ready(obj.compiled_apply(weights, xj))
+    if kind == "nnx":
+        xj = jnp.asarray(x)
+        return lambda: jax.block_until_ready(obj(xj))
     from stejax.onnx import session
 
-    s = session(path, threads=THREADS)
-    return lambda x: s.run(None, {input_name: x})[0]
-
-
-def _stejax(model: Any):
-    weights = model.weights
-    return lambda x: jax.block_until_ready(model.compiled_apply(weights, jnp.asarray(x)))
+    s = session(obj, threads=THREADS)
+    return lambda: s.run(None, {kind: x})[0]
 
 
 def onnx_suite(*, repeats: int, warmup: int, quick: bool, results_dir: str | Path | None = "docs/results") -> dict:
@@ -151,6 +133,7 @@ def onnx_suite(*, repeats: int, warmup: int, quick: bool, results_dir: str | Pat
     and 256; each (model, batch) group is timed in interleaved rounds in one
     process. Writes ``RESULTS_DIR/onnx.json`` (not with ``quick``, nor with ``results_dir=None``).
     """
+    from stejax.bench._measure import compare
     from stejax.bench.results import Figure, Recorder
     from stejax.onnx import export_nnx
 
@@ -159,6 +142,7 @@ def onnx_suite(*, repeats: int, warmup: int, quick: bool, results_dir: str | Pat
     width = 256 if quick else 1024
     batches = (1, 256)
     rows: list[dict[str, Any]] = []
+    bench_groups: list[dict[str, Any]] = []
     ratios: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="stejax-bench-onnx-") as tmp_dir:
         tmp = Path(tmp_dir)
@@ -172,11 +156,11 @@ def onnx_suite(*, repeats: int, warmup: int, quick: bool, results_dir: str | Pat
             (
                 mlp_name,
                 {
-                    "float/onnxruntime": ("features", f8["float"], f8["float"].stat().st_size),
-                    "int8/onnxruntime": ("features", f8["int8"], f8["int8"].stat().st_size),
-                    "int4/onnxruntime": ("features", f4["int4"], f4["int4"].stat().st_size),
-                    "int8/stejax": ("stejax", m8, 0),
-                    "int4/stejax": ("stejax", m4, 0),
+                    "onnxruntime float": ("features", f8["float"], f8["float"].stat().st_size),
+                    "onnxruntime int8": ("features", f8["int8"], f8["int8"].stat().st_size),
+                    "onnxruntime int4": ("features", f4["int4"], f4["int4"].stat().st_size),
+                    "stejax int8": ("stejax", m8, 0),
+                    "stejax int4": ("stejax", m4, 0),
                 },
                 x_mlp,
             )
@@ -190,11 +174,11 @@ def onnx_suite(*, repeats: int, warmup: int, quick: bool, results_dir: str | Pat
                 (
                     "cnn",
                     {
-                        "float/onnxruntime": ("features", g8["float"], g8["float"].stat().st_size),
-                        "int8/onnxruntime": ("features", g8["int8"], g8["int8"].stat().st_size),
-                        "int4/onnxruntime": ("features", g4["int8"], g4["int8"].stat().st_size),
-                        "int8/stejax": ("stejax", c8, 0),
-                        "int4/stejax": ("stejax", c4, 0),
+                        "onnxruntime float": ("features", g8["float"], g8["float"].stat().st_size),
+                        "onnxruntime int8": ("features", g8["int8"], g8["int8"].stat().st_size),
+                        "onnxruntime int4": ("features", g4["int8"], g4["int8"].stat().st_size),
+                        "stejax int8": ("stejax", c8, 0),
+                        "stejax int4": ("stejax", c4, 0),
                     },
                     x_cnn,
                 )
@@ -207,9 +191,9 @@ def onnx_suite(*, repeats: int, warmup: int, quick: bool, results_dir: str | Pat
             (
                 "rules-mlp",
                 {
-                    "float/onnxruntime": ("input", rf, rf.stat().st_size),
-                    "int8/onnxruntime": ("input", rq, rq.stat().st_size),
-                    "int8/stejax": ("nnx", qfn, 0),
+                    "onnxruntime float": ("input", rf, rf.stat().st_size),
+                    "onnxruntime int8": ("input", rq, rq.stat().st_size),
+                    "stejax int8": ("nnx", qfn, 0),
                 },
                 x_rules,
             )
@@ -217,31 +201,34 @@ def onnx_suite(*, repeats: int, warmup: int, quick: bool, results_dir: str | Pat
         for model_name, variants, x_all in groups:
             for batch in batches:
                 x = np.ascontiguousarray(x_all[:batch])
-                fns = {}
-                for key, (kind, obj, _) in variants.items():
-                    if kind == "stejax":
-                        fns[key] = (_stejax(obj), x)
-                    elif kind == "nnx":
-                        fns[key] = ((lambda f: lambda v: jax.block_until_ready(f(jnp.asarray(v))))(obj), x)
-                    else:
-                        fns[key] = (_ort(obj, kind), x)
-                times = _time(fns, repeats, warmup)
-                for key, t in times.items():
-                    fmt, runtime = key.split("/")
+                calls = {key: _call(kind, obj, x) for key, (kind, obj, _) in variants.items()}
+                pairs = [("onnxruntime float", "onnxruntime int8"), ("stejax int8", "onnxruntime int8")]
+                group = compare(
+                    f"{model_name} batch {batch}",
+                    calls,
+                    repeats=repeats,
+                    warmup=warmup,
+                    ratios=pairs,
+                    info={"model": model_name, "batch": batch, "threads": THREADS},
+                )
+                bench_groups.append(group)
+                for key, m in group["variants"].items():
+                    runtime, fmt = key.split(" ")
                     rows.append(
                         {
                             "model": model_name,
-                            "format": fmt if not (model_name == "cnn" and fmt == "int4") else "int4",
+                            "format": fmt,
                             "runtime": runtime,
                             "batch": batch,
-                            "ms_p50": float(np.percentile(t, 50)),
-                            "ms_p99": float(np.percentile(t, 99)),
+                            "ms_p50": float(m["stats_ms"]["p50_ms"]),
+                            "ms_p99": float(m["stats_ms"]["p99_ms"]),
                             "file_bytes": int(variants[key][2]) or None,
                         }
                     )
                 if model_name == mlp_name and batch == 256:
-                    ratios["float_over_int8"] = float(np.median(times["float/onnxruntime"] / times["int8/onnxruntime"]))
-                    ratios["stejax_over_ort"] = float(np.median(times["int8/stejax"] / times["int8/onnxruntime"]))
+                    # Time ratios of the same round: float / int8 is int8's throughput over float's.
+                    ratios["float_over_int8"] = float(group["ratios"]["onnxruntime float/onnxruntime int8"]["p50"])
+                    ratios["stejax_over_ort"] = float(group["ratios"]["stejax int8/onnxruntime int8"]["p50"])
     a, b = ratios["float_over_int8"], ratios["stejax_over_ort"]
     figures = {
         "ort_int8_vs_float_mlp_b256": Figure(a, f"{a:.2f}×", target="≥ 1.5×", met=a >= 1.5),
@@ -269,4 +256,4 @@ def onnx_suite(*, repeats: int, warmup: int, quick: bool, results_dir: str | Pat
         f"Throughput ratios at batch 256 on {mlp_name} (median of per-round ratios): ORT float / ORT int8 "
         f"{a:.2f}, stejax int8 / ORT int8 {b:.2f}.",
     ]
-    return {"config": {"width": width, "threads": THREADS}, "groups": [], "rows": rows, "notes": notes}
+    return {"config": {"width": width, "threads": THREADS}, "groups": bench_groups, "rows": rows, "notes": notes}
