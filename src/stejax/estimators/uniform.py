@@ -53,18 +53,6 @@ def _clip(v, lo, hi):
     return jnp.where(v < lo, lo, jnp.where(v > hi, hi, v))
 
 
-def _unclipped(v, clipped):
-    """The clip's own mask, ``lo <= v <= hi`` (False at NaN), read off the forward's clipped value.
-
-    A derivative written with the forward's ``_clip(v, lo, hi)`` shares that
-    expression, and XLA's common-subexpression pass merges the two: the tangent
-    adds one comparison to the forward's two instead of two more of its own
-    (``v >= lo`` and ``v <= hi``). The clip changes exactly the values outside
-    ``[lo, hi]`` (to a bound they differ from) and NaN (NaN != NaN).
-    """
-    return clipped == v
-
-
 def check_bits(name: str, bits: Any, *, signed: bool, narrow_range: bool = False) -> int:
     """Validate a bit width: an int in [2, 16] when signed or narrow, else in [1, 16]."""
     if isinstance(bits, bool) or not isinstance(bits, (int, np.integer)):
@@ -229,7 +217,7 @@ def _fake_quant_forward(x, scale, zero_point=0, *, bits, signed=True, narrow_ran
 def _fake_quant_derivative(x, scale, zero_point=0, *, bits, signed=True, narrow_range=False, axis=None):
     x = jnp.asarray(x)
     _, r, lo, hi = _fake_quant_grid(x, scale, zero_point, bits, signed, narrow_range, axis)
-    return _unclipped(r, _clip(r, lo, hi)).astype(x.dtype)
+    return ((r >= lo) & (r <= hi)).astype(x.dtype)
 
 
 _fake_quant = surrogate(_fake_quant_forward, _fake_quant_derivative, name="fake_quant")
@@ -378,14 +366,10 @@ def _lsq_step_partial(v, qn, qp, g):
     # the product v = x * (1/s) from fusing with the subtraction into an FMA; and g
     # is applied inside the selects, so that the factory's `partial * tangent` cannot
     # be reassociated with it into `partial * (g * tangent)`.
-    # Written with the forward's own clip and comparisons (v < -Q_N, v > Q_P,
-    # round(c)), which XLA merges with the forward's: the unclipped mask is the one
-    # comparison the tangent adds, and it stands for the NaN test too (NaN is neither
-    # inside nor below nor above, so it falls through to 0).
     g = jnp.asarray(g, v.dtype)
     c = _clip(v, -qn, qp)
-    outside = jnp.where(v < -qn, -qn * g, jnp.where(v > qp, qp * g, 0))
-    return jnp.where(_unclipped(v, c), (jnp.round(c) - c) * g, outside)
+    inside = jnp.where(jnp.isnan(v), 0, (jnp.round(c) - c) * g)
+    return jnp.where(v < -qn, -qn * g, jnp.where(v > qp, qp * g, inside))
 
 
 def _lsq_forward(x, step, *, bits, signed=True, grad_scale=None, axis=None):
@@ -400,7 +384,7 @@ def _lsq_derivative(x, step, *, bits, signed=True, grad_scale=None, axis=None):
     qn, qp = lsq_levels(bits, signed)
     _, _, v = _lsq_grid(x, step, 0, axis)
     g = _lsq_grad_scale(grad_scale, x, step, qp)
-    inside = _unclipped(v, _clip(v, -qn, qp))
+    inside = (v >= -qn) & (v <= qp)
     return inside.astype(x.dtype), _lsq_step_partial(v, qn, qp, g).astype(x.dtype)
 
 
@@ -419,10 +403,10 @@ def _lsq_plus_derivative(x, step, offset, *, bits, signed=False, grad_scale=None
     qn, qp = lsq_levels(bits, signed)
     _, _, v = _lsq_grid(x, step, offset, axis)
     g = _lsq_grad_scale(grad_scale, x, step, qp)
-    inside = _unclipped(v, _clip(v, -qn, qp))
+    inside = (v >= -qn) & (v <= qp)
     d_step = _lsq_step_partial(v, qn, qp, g).astype(x.dtype)
-    # The forward clip's two comparisons: NaN is in neither, so it gets 0, as for x and the step.
-    d_offset = jnp.where((v < -qn) | (v > qp), jnp.asarray(g, v.dtype), 0).astype(x.dtype)
+    # NaN gets 0, as for x and the step.
+    d_offset = jnp.where(inside | jnp.isnan(v), 0, jnp.asarray(g, v.dtype)).astype(x.dtype)
     return inside.astype(x.dtype), d_step, d_offset
 
 
@@ -629,10 +613,7 @@ def _pact_derivative(x, alpha, *, bits):
     cdt = _compute_dtype(x.dtype)
     a = jnp.asarray(alpha).astype(cdt)
     xc = x.astype(cdt)
-    # 0 <= x is read off the forward clip's x < 0 (merged with it by XLA): where x < a
-    # holds, x is not NaN, so the negation of x < 0 is x >= 0 there.
-    below_alpha = xc < a
-    return (below_alpha & ~(xc < 0)).astype(x.dtype), (xc >= a).astype(x.dtype)
+    return ((xc >= 0) & (xc < a)).astype(x.dtype), (xc >= a).astype(x.dtype)
 
 
 _pact = surrogate(_pact_forward, _pact_derivative, name="pact", diff_argnums=(0, 1))
@@ -748,7 +729,7 @@ def _dorefa_activations_forward(x, *, bits):
 def _dorefa_activations_derivative(x, *, bits):
     x = jnp.asarray(x)
     xc = x.astype(_compute_dtype(x.dtype))
-    return _unclipped(xc, _clip(xc, 0, 1)).astype(x.dtype)
+    return ((xc >= 0) & (xc <= 1)).astype(x.dtype)
 
 
 _dorefa_weights = surrogate(_dorefa_weights_forward, _dorefa_weights_derivative, name="dorefa_weights")
