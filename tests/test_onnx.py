@@ -159,3 +159,19 @@ def test_unsupported_layer_is_refused_by_name(tmp_path):
     q = quantize_model(ConvNet(nnx.Rngs(0)), [Rule(weights=Quant("lsq", bits=8))], x)
     with pytest.raises(OnnxExportError, match="conv_general_dilated"):
         export_nnx(q, x, tmp_path / "m.onnx")
+
+
+def test_cli_export_format_onnx(tmp_path):
+    from click.testing import CliRunner
+
+    from stejax.cli import main
+
+    art = pristine("w4a4", "mlp")
+    out = tmp_path / "model.onnx"
+    result = CliRunner().invoke(main, ["export", "--format", "onnx", str(art.path), str(out)])
+    assert result.exit_code == 0, result.output
+    assert "3 integer products" in result.output and art.id[:12] in result.output
+    again = CliRunner().invoke(main, ["export", "--format", "onnx", str(art.path), str(out)])
+    assert again.exit_code == 1 and "never overwritten" in again.output
+    wrong = CliRunner().invoke(main, ["export", "--float", str(art.path), "--out", str(tmp_path / "a")])
+    assert wrong.exit_code == 2 and "go with --format onnx" in wrong.output

@@ -94,11 +94,41 @@ def _split_dtypes(text: str | None) -> tuple[str, ...] | None:
     return None if text is None else tuple(d.strip() for d in text.split(",") if d.strip())
 
 
-@click.command("export", short_help="Export a trained run to an integer artifact, checked for parity.")
+@click.command("export", short_help="Export a trained run to an integer artifact (or an ONNX file), checked.")
 @run_dir_argument()
-@out_dir_option("The artifact to write.")
+@click.argument("onnx_out", metavar="[OUT.onnx]", required=False, type=click.Path(dir_okay=False, path_type=Path))
+@out_dir_option("The artifact to write (--format artifact).", required=False)
 @click.option("--parent", default=None, metavar="DIR|ID", help="The parent artifact (its directory or id).")
-def export_command(run_dir: Path, out: Path, parent: str | None) -> None:
+@click.option(
+    "--format",
+    "export_format",
+    type=click.Choice(["artifact", "onnx"]),
+    default="artifact",
+    show_default=True,
+    help="artifact: a verified stejax artifact (--out DIR); onnx: an ONNX file OUT.onnx for ONNX Runtime (QDQ).",
+)
+@click.option(
+    "--float",
+    "float_model",
+    is_flag=True,
+    help="With --format onnx: the float32 network (dequantised weights, float activations), for comparison.",
+)
+@click.option(
+    "--trust-key",
+    "trust_keys",
+    multiple=True,
+    type=existing_file(),
+    help="With --format onnx: a trusted PEM public key (repeatable); only an artifact it signed is exported.",
+)
+def export_command(
+    run_dir: Path,
+    onnx_out: Path | None,
+    out: Path | None,
+    parent: str | None,
+    export_format: str,
+    float_model: bool,
+    trust_keys: tuple[Path, ...],
+) -> None:
     """Export a trained QAT run to integer weights and write the artifact OUT.
 
     Weights become int8, int4 or int2 codes packed two or four to a byte, or
@@ -106,10 +136,21 @@ def export_command(run_dir: Path, out: Path, parent: str | None) -> None:
     is compared with the fake-quantised one on the test split; OUT is written
     (atomically) only when every prediction agrees and every logit is within
     the stated bound.
+
+    With ``--format onnx RUN_OR_ARTIFACT OUT.onnx``: the verified artifact (or
+    the run, exported to one first) as an ONNX file that ONNX Runtime runs on
+    its integer kernels; ``--float`` writes the float32 network instead.
     """
     from stejax.artifacts import save_artifact
     from stejax.export import export_run
 
+    if export_format == "onnx":
+        _export_onnx(run_dir, onnx_out, float_model=float_model, trust_keys=trust_keys)
+        return
+    if onnx_out is not None or float_model or trust_keys:
+        raise click.UsageError("OUT.onnx, --float and --trust-key go with --format onnx.")
+    if out is None:
+        raise click.UsageError("Missing option '--out' (the artifact to write).")
     if out.exists() or out.is_symlink():
         # Before minutes of export and parity: the artifact could not be written anyway.
         raise click.ClickException(f"--out {out} exists; artifacts are never overwritten. Nothing was exported.")
@@ -159,6 +200,22 @@ def export_command(run_dir: Path, out: Path, parent: str | None) -> None:
         Text(
             f"next: stejax regress record {out}   (stores the standard regression set; artifact promote and serve "
             "refuse an artifact without one)"
+        )
+    )
+
+
+def _export_onnx(source: Path, out: Path | None, *, float_model: bool, trust_keys: tuple[Path, ...]) -> None:
+    from stejax.onnx import export_onnx, integer_op_count, optimized_ops
+
+    if out is None:
+        raise click.UsageError("--format onnx needs OUT.onnx: stejax export --format onnx RUN_OR_ARTIFACT OUT.onnx")
+    result = _artifact_errors(lambda: export_onnx(source, out, float_model=float_model, trusted_keys=trust_keys))
+    ops = optimized_ops(result.path)
+    Console().print(
+        Text(
+            f"{result.path}: {result.weights} weights, {result.file_bytes} B, from artifact {result.source_id[:12]}; "
+            f"ONNX Runtime (CPU) runs {integer_op_count(ops)} integer products "
+            f"({', '.join(f'{k} x{v}' for k, v in sorted(ops.items()))})"
         )
     )
 
