@@ -372,35 +372,83 @@ def _export_gguf(source: Path, out: Path, ternary: str) -> None:
 @lm_group.command("sample")
 @artifact_dir_argument(exists=True, required=False)
 @deprecated_option("--artifact", "artifact_dir", required=True, type=directory(exists=True))
-@click.option("--prompt", required=True, help="The text to continue.")
-@click.option("--tokens", type=click.IntRange(min=1), default=48, show_default=True, help="Bytes to generate.")
+@click.option("--prompt", "prompts", multiple=True, help="A text to continue (repeatable: one row of the batch each).")
+@click.option(
+    "--prompt-file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="A UTF-8 file of prompts, one per line (after any --prompt).",
+)
+@click.option(
+    "--tokens", type=click.IntRange(min=1), default=48, show_default=True, help="Bytes to generate per prompt."
+)
 @click.option(
     "--temperature",
-    type=click.FloatRange(min=0),
+    type=float,
     default=0.8,
     show_default=True,
-    help="Sampling temperature; 0 picks the most likely byte every time.",
+    help="Sampling temperature, >= 0; 0 picks the most likely byte every time.",
+)
+@click.option("--top-k", type=int, default=None, help="Sample among the K most likely bytes only (K >= 1).")
+@click.option("--top-p", type=float, default=1.0, show_default=True, help="Nucleus sampling: a probability in (0, 1].")
+@click.option("--stop", "stops", multiple=True, help="Stop a row when its new bytes end with this text (repeatable).")
+@click.option(
+    "--ternary",
+    type=click.Choice(["int8", "2bit"]),
+    default="int8",
+    show_default=True,
+    help="How ternary weights stay in memory: one byte each, or four to a byte unpacked in the step.",
 )
 @click.option("--seed", type=int, default=0, show_default=True, help="The seed of the sampling key.")
-def sample_command(artifact_dir: Path, prompt: str, tokens: int, temperature: float, seed: int) -> None:
-    """Generate from the exported artifact ARTIFACT with a key-value cache; report tokens per second against float."""
+def sample_command(
+    artifact_dir: Path,
+    prompts: tuple[str, ...],
+    prompt_file: Path | None,
+    tokens: int,
+    temperature: float,
+    top_k: int | None,
+    top_p: float,
+    stops: tuple[str, ...],
+    ternary: str,
+    seed: int,
+) -> None:
+    """Generate from the exported artifact ARTIFACT: every prompt in one batch, decoded in one compiled loop.
+
+    The quantised weights stay in their exported integer form in memory. Prints
+    each continuation, then bytes per second, the time to the first byte, the
+    resident weight bytes and the number of compilations.
+    """
     import jax
 
-    from stejax.lm import generate
-    from stejax.lm._export import load_lm_artifact
+    from stejax.lm import decode, load_lowbit
 
-    loaded = load_lm_artifact(artifact_dir)
-    key = jax.random.key(seed)
+    texts = list(prompts)
+    if prompt_file is not None:
+        texts += [line for line in prompt_file.read_text(encoding="utf-8").splitlines() if line]
+    if not texts:
+        raise click.UsageError("no prompt: expected --prompt TEXT (repeatable) or --prompt-file FILE; got neither.")
+    loaded = load_lowbit(artifact_dir, ternary=ternary)
     try:
-        quantised = generate(loaded.model, prompt.encode("utf-8"), tokens=tokens, key=key, temperature=temperature)
-        with jax.debug_key_reuse(False):  # the same key on purpose: the float run is a timing reference
-            reference = generate(loaded.float_model, prompt.encode(), tokens=tokens, key=key, temperature=temperature)
+        done = decode(
+            loaded.model,
+            [t.encode("utf-8") for t in texts],
+            tokens=tokens,
+            key=jax.random.key(seed),
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            stop=[s.encode("utf-8") for s in stops],
+        )
     except ValueError as e:
         raise click.BadParameter(str(e)) from None
-    click.echo(prompt + quantised.text)
+    for text, new in zip(texts, done.texts, strict=True):
+        click.echo(text + new.decode("utf-8", errors="replace"))
+    weights = loaded.bytes
     Console(stderr=True).print(
         Text(
-            f"{loaded.config.name}: {quantised.tokens_per_second:.1f} tokens/s; the same weights without "
-            f"quantisers: {reference.tokens_per_second:.1f} tokens/s"
+            f"{loaded.config.name}: {len(texts)} prompt(s), {done.new_bytes} bytes in {done.seconds:.3f} s: "
+            f"{done.bytes_per_second:.1f} bytes/s; first byte {1e3 * done.first_byte_seconds:.1f} ms; resident "
+            f"weights {weights['resident']} bytes (quantised linears {weights['linear']} bytes, "
+            f"{weights['linear_float32']} in float32); {done.compiles} compilation(s)"
         )
     )

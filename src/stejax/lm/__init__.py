@@ -19,6 +19,11 @@ from stejax.lm._corpus import Corpus as Corpus
 from stejax.lm._corpus import build_corpus as build_corpus
 from stejax.lm._corpus import check_disjoint as check_disjoint
 from stejax.lm._corpus import split_of as split_of
+from stejax.lm._decode import Decoding as Decoding
+from stejax.lm._decode import decode as decode
+from stejax.lm._lowbit import LowBitLinear as LowBitLinear
+from stejax.lm._lowbit import LowBitLM as LowBitLM
+from stejax.lm._lowbit import load_lowbit as load_lowbit
 from stejax.lm._model import LayerCache as LayerCache
 from stejax.lm._model import LMConfig as LMConfig
 from stejax.lm._model import Transformer as Transformer
@@ -29,6 +34,7 @@ from stejax.lm._references import compressor_bpb as compressor_bpb
 from stejax.lm._references import ngram_bpb as ngram_bpb
 from stejax.lm._references import references as references
 from stejax.lm._sample import Generation as Generation
+from stejax.lm._sample import draw_byte as draw_byte
 from stejax.lm._sample import generate as generate
 from stejax.lm._train import LMTrainResult as LMTrainResult
 from stejax.lm._train import TrainSettings as TrainSettings

@@ -1,4 +1,15 @@
-"""Generation with a key-value cache: the prompt once, then one token per step, never the prefix again."""
+r"""Generation one byte per call, with a key-value cache: the reference the compiled decode is tested against.
+
+:func:`generate` runs the prompt once (:meth:`Transformer.extend`), then one
+jitted call of length 1 against the cache per new byte, and reads each byte
+back to the host. It is slow on purpose: it is the oracle that
+:func:`stejax.lm.decode` (one compiled loop, batched) must match byte for byte.
+
+Both draw with :func:`draw_byte` and take the key of each position the same
+way: byte :math:`p` (its absolute position in the sequence) of row :math:`r`
+is drawn with ``fold_in(fold_in(key, r), p)``, so the same key gives the same
+text on either path.
+"""
 
 from __future__ import annotations
 
@@ -13,9 +24,9 @@ import numpy as np
 from flax import nnx
 
 from stejax import keys
-from stejax.lm._model import init_cache
+from stejax.lm._model import VOCAB, init_cache
 
-__all__ = ["Generation", "generate"]
+__all__ = ["Generation", "check_sampling", "draw_byte", "generate", "position_keys"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,6 +54,67 @@ class Generation:
         return len(self.tokens) / self.seconds if self.seconds > 0 else float("nan")
 
 
+def check_sampling(temperature: float, top_k: int | None, top_p: float, *, where: str) -> None:
+    """Refuse sampling settings outside their ranges, naming what was expected and what came.
+
+    Raises:
+      ValueError: ``temperature < 0`` (or NaN), ``top_k < 1``, or ``top_p`` outside (0, 1].
+    """
+    if not (isinstance(temperature, (int, float)) and temperature >= 0):
+        raise ValueError(f"{where}: temperature must be >= 0 (0 is greedy); got {temperature!r}.")
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, (int, np.integer)) or top_k < 1):
+        raise ValueError(f"{where}: top_k must be an int >= 1 (or None for all 256 bytes); got {top_k!r}.")
+    if not (isinstance(top_p, (int, float)) and 0 < top_p <= 1):
+        raise ValueError(f"{where}: top_p must lie in (0, 1]; got {top_p!r}.")
+
+
+def draw_byte(
+    logits: jax.Array, key: jax.Array, temperature: jax.Array, top_k: jax.Array, top_p: jax.Array
+) -> jax.Array:
+    r"""One byte (int32) from ``logits`` ``(256,)``: greedy at temperature 0, else filtered sampling.
+
+    With :math:`T > 0`, :math:`l = \text{logits} / T`; top-k keeps the bytes whose
+    :math:`l` is at least the :math:`k`-th largest (ties at the threshold are all
+    kept); top-p then keeps, in decreasing order of :math:`l`, each byte whose
+    predecessors' probabilities sum to less than :math:`p` (the smallest set
+    reaching :math:`p`; ``top_p = 1`` keeps every byte); the byte is drawn by
+    ``jax.random.categorical(key, l)`` over what is kept. At :math:`T = 0` the
+    argmax is taken (the first on a tie) and ``key`` is not used.
+
+    Every setting is an array, so a compiled caller does not recompile when they
+    change. ``top_k`` is an int32 in [1, 256], ``top_p`` a float32 in (0, 1].
+    """
+    greedy = jnp.argmax(logits).astype(jnp.int32)
+    t = jnp.where(temperature > 0, temperature, jnp.float32(1)).astype(jnp.float32)
+    scaled = logits.astype(jnp.float32) / t
+    descending = jnp.sort(scaled)[::-1]
+    kth = descending[jnp.clip(top_k, 1, VOCAB) - 1]
+    scaled = jnp.where(scaled < kth, -jnp.inf, scaled)
+    descending = jnp.where(descending < kth, -jnp.inf, descending)
+    p = jax.nn.softmax(descending)
+    before = jnp.cumsum(p) - p
+    keep = (before < top_p) | (top_p >= 1)
+    threshold = jnp.min(jnp.where(keep, descending, jnp.inf))
+    scaled = jnp.where(scaled < threshold, -jnp.inf, scaled)
+    sampled = jax.random.categorical(key, scaled).astype(jnp.int32)
+    return jnp.where(temperature > 0, sampled, greedy)
+
+
+def position_keys(key: jax.Array, rows: int, positions: int) -> jax.Array:
+    """Keys ``(rows, positions)``: entry ``[r, p]`` is ``fold_in(fold_in(key, r), p)``."""
+    row_keys = jax.vmap(lambda r: jax.random.fold_in(key, r))(jnp.arange(rows, dtype=jnp.uint32))
+    return jax.vmap(lambda k: jax.vmap(lambda p: jax.random.fold_in(k, p))(jnp.arange(positions, dtype=jnp.uint32)))(
+        row_keys
+    )
+
+
+_draw = jax.jit(draw_byte)
+
+
+def _settings(temperature: float, top_k: int | None, top_p: float) -> tuple[jax.Array, jax.Array, jax.Array]:
+    return jnp.float32(temperature), jnp.int32(VOCAB if top_k is None else min(int(top_k), VOCAB)), jnp.float32(top_p)
+
+
 @functools.partial(jax.jit, static_argnums=0)
 def _extend(graphdef: Any, state: Any, tokens: jax.Array, cache: Any, start: jax.Array) -> tuple[jax.Array, Any]:
     return nnx.merge(graphdef, state).extend(tokens, cache, start)
@@ -53,16 +125,6 @@ def _full(graphdef: Any, state: Any, tokens: jax.Array, index: jax.Array) -> jax
     return nnx.merge(graphdef, state)(tokens)[0, index]
 
 
-def _consumed(key: jax.Array | None) -> jax.Array | None:
-    return None if key is None else keys.consume(key, where="generate: draw")
-
-
-def _draw(logits: jax.Array, temperature: float, key: jax.Array | None) -> int:
-    if temperature == 0 or key is None:
-        return int(jnp.argmax(logits))
-    return int(jax.random.categorical(key, logits / temperature))
-
-
 def generate(
     model: nnx.Module,
     prompt: bytes,
@@ -70,21 +132,28 @@ def generate(
     tokens: int,
     key: jax.Array,
     temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float = 1.0,
+    stop: bytes | tuple[bytes, ...] = (),
+    row: int = 0,
     cached: bool = True,
 ) -> Generation:
-    """Sample ``tokens`` bytes after ``prompt``.
+    """Sample up to ``tokens`` bytes after ``prompt``, one jitted call and one host read per byte.
 
     With ``cached=True`` the prompt goes through :meth:`Transformer.extend` once
     and each new byte is one call of length 1 against the cache. With
     ``cached=False`` every step runs the whole sequence so far from scratch
-    (the reference the cache is tested against). The key for byte :math:`i` is
-    split from ``key`` (:func:`stejax.keys.split`); temperature 0 takes the
-    argmax and draws nothing.
+    (the reference the cache is tested against). Byte :math:`p` is drawn by
+    :func:`draw_byte` with ``fold_in(fold_in(key, row), p)``: ``row`` is the
+    row of a batch this prompt stands for in :func:`stejax.lm.decode` (0 for a
+    single prompt). Generation stops after a byte that completes one of the
+    ``stop`` sequences (a single ``bytes`` is one sequence; the stop bytes are
+    kept in the output), or after ``tokens`` bytes.
 
     Raises:
-      ValueError: an empty prompt, ``tokens`` < 1, a negative temperature, or
-        a prompt plus ``tokens`` longer than the model's context (the cache
-        holds that many positions).
+      ValueError: an empty prompt, ``tokens`` < 1, ``temperature`` < 0,
+        ``top_k`` < 1, ``top_p`` outside (0, 1], or a prompt plus ``tokens``
+        longer than the model's context (the cache holds that many positions).
     """
     keys.check_key(key)
     context = model.config.context  # type: ignore[attr-defined]
@@ -92,19 +161,26 @@ def generate(
         raise ValueError("generate: the prompt is empty; expected at least one byte.")
     if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:
         raise ValueError(f"generate: tokens must be an int >= 1; got {tokens!r}.")
-    if not temperature >= 0:
-        raise ValueError(f"generate: temperature must be >= 0; got {temperature!r}.")
+    check_sampling(temperature, top_k, top_p, where="generate")
     if len(prompt) + tokens > context:
         raise ValueError(
             f"generate: a prompt of {len(prompt)} bytes plus {tokens} tokens exceeds the model's context of "
             f"{context}; expected at most {context} in all."
         )
+    stops = (stop,) if isinstance(stop, bytes) else tuple(stop)
     graphdef, state = nnx.split(model)
-    step_keys: list[jax.Array | None] = (
-        list(keys.split(key, tokens, where="generate: one key per byte")) if temperature > 0 else [None] * tokens
-    )
+    # One fold_in per row and per position, the same keys as the compiled decode's.
+    step_keys = position_keys(keys.consume(key, where="generate: per-position keys"), row + 1, context)[row]
+    settings = _settings(temperature, top_k, top_p)
     sequence = list(prompt)
     drawn: list[np.ndarray] = []
+
+    def take(logits: jax.Array) -> bool:
+        drawn.append(np.asarray(logits))
+        sequence.append(int(_draw(logits, step_keys[len(sequence)], *settings)))
+        made = bytes(sequence[len(prompt) :])
+        return any(s and made.endswith(s) for s in stops)
+
     if cached:
         # Compile both shapes first, so that `seconds` is generation, not compilation.
         warm = init_cache(model.config, 1)  # type: ignore[attr-defined]
@@ -114,22 +190,17 @@ def generate(
     if cached:
         cache = init_cache(model.config, 1)  # type: ignore[attr-defined]
         logits, cache = _extend(graphdef, state, jnp.asarray([sequence], jnp.uint8), cache, jnp.asarray(0))
-        last = logits[0, -1]
         for i in range(tokens):
-            drawn.append(np.asarray(last))
-            byte = _draw(last, temperature, _consumed(step_keys[i]))
-            sequence.append(byte)
-            if i + 1 < tokens:
-                position = jnp.asarray(len(sequence) - 1)
-                logits, cache = _extend(graphdef, state, jnp.asarray([[byte]], jnp.uint8), cache, position)
-                last = logits[0, -1]
+            if take(logits[0, -1]) or i + 1 == tokens:
+                break
+            position = jnp.asarray(len(sequence) - 1)
+            logits, cache = _extend(graphdef, state, jnp.asarray([sequence[-1:]], jnp.uint8), cache, position)
     else:
-        for i in range(tokens):
+        for _ in range(tokens):
             # The whole sequence so far, padded to the context (the causal mask keeps the padding out).
             padded = np.zeros((1, context), np.uint8)
             padded[0, : len(sequence)] = sequence
-            last = _full(graphdef, state, jnp.asarray(padded), jnp.asarray(len(sequence) - 1))
-            drawn.append(np.asarray(last))
-            sequence.append(_draw(last, temperature, _consumed(step_keys[i])))
+            if take(_full(graphdef, state, jnp.asarray(padded), jnp.asarray(len(sequence) - 1))):
+                break
     seconds = time.perf_counter() - tic
     return Generation(tokens=bytes(sequence[len(prompt) :]), logits=np.stack(drawn), seconds=seconds)

@@ -1,0 +1,246 @@
+r"""Low-bit weights that stay low-bit: an artifact's linear layers as integer codes inside the compiled step.
+
+:func:`load_lowbit` verifies an LM artifact (:func:`stejax.lm.load_lm_artifact`,
+which refuses a changed file) and rebuilds the model with every quantised
+linear replaced by a :class:`LowBitLinear` that keeps its weights in their
+exported integer form. The product of a layer, for per-token int8 inputs
+:math:`q = \operatorname{clip}(\operatorname{round}(x s_x), -128, 127)`,
+:math:`s_x = 127 / \max(\max|x|, 10^{-5})` (int4 inputs alike with 7), is an
+integer dot with int32 accumulation, rescaled once:
+
+* ``int8`` (per output channel :math:`s_o`): :math:`y_o = s_o \sum_i q_i c_{io} / s_x`;
+* ``int4`` / ``int2`` (per group :math:`g` of 32 along the contraction axis,
+  scale :math:`s_{go}`): :math:`y_o = \sum_g s_{go} \sum_{i \in g} q_i c_{io} / s_x`;
+  the codes are packed two (four) to a byte, group by group, and unpacked
+  inside the step by shifts and masks;
+* ternary (one scale :math:`\gamma^{-1}` per tensor, BitNet's ``codes / scale``):
+  :math:`y_o = \sum_i q_i c_{io} / (s_x \gamma^{-1})`, with the codes resident
+  either as int8 (one byte a weight, ``ternary="int8"``) or packed four to a
+  byte (``ternary="2bit"``) and unpacked in the step.
+
+Integer sums are exact, so the layer differs from the exported model's
+fake-quantised float product (:attr:`LMArtifact.model`) only by float32
+rounding of the products' sum and of the rescaling. Everything else (embedding,
+norms, attention, head) is the artifact's float32, run by the model's own code,
+so any :class:`LMConfig` layout works.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from stejax.lm._configs import LMQuant
+
+__all__ = ["TERNARY_FORMS", "LowBitLM", "LowBitLinear", "Resident", "load_lowbit", "lowbit_linear", "weight_bytes"]
+
+# Ternary codes in memory: int8 (one byte each) or 2 bits each, unpacked in the step.
+# The default is the faster on the measured CPU (docs/lm.md, "Fast decoding").
+TERNARY_FORMS = ("int8", "2bit")
+DEFAULT_TERNARY = "int8"
+
+
+class Resident(nnx.Variable):
+    """A weight buffer kept as exported (integer codes, packed codes or their scales); never trained."""
+
+
+def _pack_groups(codes: np.ndarray, group: int, bits: int) -> np.ndarray:
+    """Codes ``(in, out)`` -> ``uint8 (in // group, group // per, out)``, ``per = 8 // bits`` codes a byte.
+
+    Byte ``j`` of group ``g`` holds rows ``g * group + k * (group // per) + j`` for
+    ``k = 0 .. per-1``, each as ``code + 2**(bits-1)`` in bits ``k*bits .. k*bits+bits-1``:
+    unpacking slice ``k`` gives a contiguous block of rows.
+    """
+    n_in, n_out = codes.shape
+    per = 8 // bits
+    if n_in % group or group % per:
+        raise ValueError(f"lowbit: {bits}-bit groups of {group} do not tile a kernel of shape {codes.shape}.")
+    offset = 1 << (bits - 1)
+    blocks = (codes.astype(np.int64) + offset).reshape(n_in // group, per, group // per, n_out)
+    return (blocks << (bits * np.arange(per)).reshape(1, per, 1, 1)).sum(axis=1).astype(np.uint8)
+
+
+def _unpack_groups(packed: jax.Array, bits: int) -> list[jax.Array]:
+    """The ``per`` slices of :func:`_pack_groups`' codes, each int8 ``(groups, group // per, out)``."""
+    mask, offset = (1 << bits) - 1, 1 << (bits - 1)
+    return [
+        ((packed >> jnp.uint8(bits * k)) & jnp.uint8(mask)).astype(jnp.int8) - jnp.int8(offset)
+        for k in range(8 // bits)
+    ]
+
+
+def _quantise_input(x: jax.Array, bits: int) -> tuple[jax.Array, jax.Array]:
+    """Per-token absmax codes (int8) and scale ``s_x`` (float32, keepdims), as the artifact's input quantiser."""
+    top = 2 ** (bits - 1) - 1
+    s = top / jnp.maximum(jnp.max(jnp.abs(x), axis=-1, keepdims=True), jnp.float32(1e-5))
+    return jnp.clip(jnp.round(x * s), -top - 1, top).astype(jnp.int8), s
+
+
+def _lead(a: jax.Array, ndim: int) -> jax.Array:
+    """``a`` with leading axes of size 1 up to ``ndim`` (broadcasting is explicit in this package)."""
+    return a.reshape((1,) * (ndim - a.ndim) + a.shape)
+
+
+class LowBitLinear(nnx.Module):
+    """A bias-free linear layer whose kernel stays in its exported integer form.
+
+    Args:
+      form: ``"int8"``, ``"int4"``, ``"int2"``, ``"ternary-int8"`` or ``"ternary-2bit"``.
+      codes: the resident codes (:func:`lowbit_linear` makes them from integer codes).
+      scale: float32: ``(out,)`` for int8, ``(groups, out)`` for int4 and int2, ``()`` for ternary.
+      in_features, out_features: the kernel's shape.
+      input_bits: 8 or 4: the per-token input codes.
+    """
+
+    def __init__(
+        self, form: str, codes: Any, scale: Any, *, in_features: int, out_features: int, input_bits: int
+    ) -> None:
+        self.form = form
+        self.in_features = in_features
+        self.out_features = out_features
+        self.input_bits = input_bits
+        self.codes = Resident(jnp.asarray(codes))
+        self.scale = Resident(jnp.asarray(scale, jnp.float32))
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        q, s = _quantise_input(x.astype(jnp.float32), self.input_bits)
+        codes, scale = self.codes[...], self.scale[...]
+        if self.form in ("int8", "ternary-int8"):
+            acc = jax.lax.dot_general(
+                q, codes, (((q.ndim - 1,), (0,)), ((), ())), preferred_element_type=jnp.int32
+            ).astype(jnp.float32)
+            if self.form == "int8":
+                return acc * _lead(scale, acc.ndim) / s
+            return acc / (s * _lead(scale, acc.ndim))
+        bits = 4 if self.form == "int4" else 2
+        slices = _unpack_groups(codes, bits)
+        groups, per_slice = codes.shape[0], codes.shape[1]
+        xq = q.reshape(*q.shape[:-1], groups, len(slices), per_slice)
+        acc = sum(
+            jax.lax.dot_general(
+                xq[..., k, :], c, (((xq.ndim - 2,), (1,)), ((xq.ndim - 3,), (0,))), preferred_element_type=jnp.int32
+            )
+            for k, c in enumerate(slices)
+        )  # (groups, ..., out): dot_general puts the batch (group) axis first
+        acc = jnp.moveaxis(jnp.asarray(acc), 0, -2).astype(jnp.float32)  # (..., groups, out)
+        if self.form == "ternary-2bit":
+            return acc[..., 0, :] / (s * _lead(scale, acc.ndim - 1))
+        return jnp.sum(acc * _lead(scale, acc.ndim), axis=-2) / s
+
+
+def lowbit_linear(
+    codes: np.ndarray, scale: np.ndarray, config: LMQuant, *, ternary: str = DEFAULT_TERNARY
+) -> LowBitLinear:
+    """A :class:`LowBitLinear` from integer codes ``(in, out)`` and the artifact's compact scale.
+
+    Raises:
+      ValueError: a configuration with no integer path (float inputs), an unknown ``ternary`` form, or codes
+        whose shape the groups do not tile.
+    """
+    if config.input_bits is None or config.weight_bits is None:
+        raise ValueError(
+            f"lowbit: configuration {config.name!r} has no integer product; expected weight and input bits."
+        )
+    if ternary not in TERNARY_FORMS:
+        raise ValueError(f"lowbit: ternary must be one of {TERNARY_FORMS}; got {ternary!r}.")
+    n_in, n_out = codes.shape
+    shape = {"in_features": n_in, "out_features": n_out, "input_bits": int(config.input_bits)}
+    if config.weight_bits == 1.58:
+        if ternary == "int8":
+            return LowBitLinear("ternary-int8", codes.astype(np.int8), scale, **shape)
+        return LowBitLinear("ternary-2bit", _pack_groups(codes, n_in, 2), scale, **shape)
+    if config.weight_bits == 8:
+        return LowBitLinear("int8", codes.astype(np.int8), np.reshape(scale, (n_out,)), **shape)
+    bits = int(config.weight_bits)
+    if config.group is None:
+        raise ValueError(f"lowbit: {bits}-bit weights need groups along the contraction axis; got group None.")
+    form = "int4" if bits == 4 else "int2"
+    return LowBitLinear(form, _pack_groups(codes, config.group, bits), scale, **shape)
+
+
+def weight_bytes(model: nnx.Module) -> dict[str, int]:
+    """Bytes of the weight buffers the model's step reads.
+
+    Returns:
+      ``{"resident": every parameter and resident buffer, "linear": the quantised linears' codes and scales,
+      "linear_float32": those linears' kernels in float32}`` (``linear`` is 0 for a model without
+      :class:`LowBitLinear` layers).
+    """
+    resident = sum(int(np.asarray(x).nbytes) for x in jax.tree.leaves(nnx.state(model, nnx.Param, Resident)))
+    linear = linear_float32 = 0
+    for _, module in nnx.iter_modules(model):
+        if isinstance(module, LowBitLinear):
+            linear += int(module.codes[...].nbytes) + int(module.scale[...].nbytes)
+            linear_float32 += 4 * module.in_features * module.out_features
+    return {"resident": resident, "linear": linear, "linear_float32": linear_float32}
+
+
+@dataclasses.dataclass(frozen=True)
+class LowBitLM:
+    """What :func:`load_lowbit` returns.
+
+    Attributes:
+      model: the :class:`stejax.lm.Transformer` with :class:`LowBitLinear` layers at the quantised sites
+        (for ``float``, the float model).
+      reference: the exported integer forward as :func:`stejax.lm.load_lm_artifact` rebuilds it (dequantised
+        kernels and fake-quantised inputs): the model the low-bit one is checked against.
+      config: the artifact's configuration.
+      ternary: the resident form of ternary codes (``"int8"`` or ``"2bit"``; None for other configurations).
+      bytes: :func:`weight_bytes` of ``model``.
+    """
+
+    model: nnx.Module
+    reference: nnx.Module
+    config: LMQuant
+    ternary: str | None
+    bytes: dict[str, int]
+
+
+def _set_module(root: nnx.Module, path: str, module: nnx.Module) -> None:
+    *parents, last = path.split("/")
+    node: Any = root
+    for part in parents:
+        node = node[int(part)] if part.isdigit() else getattr(node, part)
+    setattr(node, last, module)
+
+
+def load_lowbit(path: str | os.PathLike, *, ternary: str = DEFAULT_TERNARY) -> LowBitLM:
+    """Verify an LM artifact and load it with its quantised linears resident in exported integer form.
+
+    Args:
+      path: an artifact directory written by ``stejax lm export``.
+      ternary: ternary codes in memory as ``"int8"`` (the default, faster here) or ``"2bit"``
+        (four to a byte, unpacked in the step).
+
+    Raises:
+      stejax.artifacts.ArtifactError: a missing, changed or unlisted file, or an edited manifest.
+      ValueError: an unknown ``ternary`` form.
+    """
+    from stejax.artifacts import check_listed_files
+    from stejax.export import decode_safetensors
+    from stejax.lm._export import WEIGHTS, load_lm_artifact
+    from stejax.lm._packing import unpack
+
+    if ternary not in TERNARY_FORMS:
+        raise ValueError(f"load_lowbit: ternary must be one of {TERNARY_FORMS}; got {ternary!r}.")
+    loaded = load_lm_artifact(path)
+    manifest, config = loaded.manifest, loaded.config
+    if config.weight_bits is None:
+        model = loaded.float_model
+        return LowBitLM(model, loaded.model, config, None, weight_bytes(model))
+    # The codes, from bytes hashed again as they are read (the checked file is the one used).
+    tensors, _ = decode_safetensors(check_listed_files(Path(path), manifest["files"])[WEIGHTS], str(path))
+    model = nnx.clone(loaded.float_model)
+    for site, entry in sorted(manifest["quantised"].items()):
+        shape = tuple(entry["shape"])
+        codes = unpack(tensors[f"{site}/codes"], entry["container"], int(np.prod(shape))).reshape(shape)
+        _set_module(model, site, lowbit_linear(codes, tensors[f"{site}/scale"], config, ternary=ternary))
+    form = ternary if config.weight_bits == 1.58 else None
+    return LowBitLM(model, loaded.model, config, form, weight_bytes(model))

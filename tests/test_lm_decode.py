@@ -1,0 +1,211 @@
+"""Compiled, batched decoding and low-bit resident weights: parity with the per-byte loop, buckets, errors."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from flax import nnx
+
+from stejax.artifacts import ArtifactError
+from stejax.bench import CompileCounter
+from stejax.lm import LMConfig, LowBitLinear, Transformer, decode, draw_byte, generate, load_lowbit
+from stejax.lm._export import export_lm
+
+# Room for a 16-byte prompt and 256 new bytes.
+TINY = LMConfig(context=272, width=32, depth=1, heads=2, hidden=64)
+PROMPTS = (b"def main():", b"x = y + 1\n")  # one length: the loop compiles one prefill
+SAMPLE_PROMPTS = (b"abc", b"a much longer prompt of bytes", b"z")  # batch bucket 4, length bucket 32
+PARITY_CONFIGS = ("float", "w8a8", "w4a8", "w1.58a8")
+# The low-bit layers' integer sums are exact; the exported model sums float products, so the logits
+# agree to float32 rounding of a sum of `width` terms and of the rescaling.
+LOGIT_TOLERANCE = 1e-4
+
+
+@pytest.fixture(scope="module")
+def artifacts(tmp_path_factory):
+    model = Transformer(TINY, rngs=nnx.Rngs(params=7))
+    root = tmp_path_factory.mktemp("lm_decode")
+    return model, {c: export_lm(model, c, root / c) for c in (*PARITY_CONFIGS, "w2a8")}
+
+
+_LOADED: dict[tuple[str, str, str], Any] = {}
+
+
+def _load(artifacts, config: str, form: str = "int8") -> Any:
+    """load_lowbit, once per artifact and form for the whole module."""
+    path = artifacts[1][config]
+    if (str(path), config, form) not in _LOADED:
+        _LOADED[str(path), config, form] = load_lowbit(path, ternary=form)
+    return _LOADED[str(path), config, form]
+
+
+@jax.jit
+def _logits(state: Any, tokens: jax.Array) -> jax.Array:
+    return nnx.merge(*state)(tokens)
+
+
+@pytest.mark.parametrize("config", PARITY_CONFIGS)
+def test_greedy_256_bytes_match_the_per_byte_loop(artifacts, config):
+    loaded = _load(artifacts, config)
+    key = jax.random.key(0)
+    with jax.debug_key_reuse(False):
+        expected = [generate(loaded.reference, p, tokens=256, key=key, temperature=0).tokens for p in PROMPTS]
+    # The default resident form (ternary as int8); the packed form's logits are checked below.
+    got = decode(loaded.model, list(PROMPTS), tokens=256, key=key, temperature=0)
+    assert got.texts == tuple(expected)
+    assert [len(t) for t in got.texts] == [256, 256]
+
+
+@pytest.mark.parametrize(
+    ("config", "form"), [("w8a8", "int8"), ("w4a8", "int8"), ("w2a8", "int8"), ("w1.58a8", "2bit")]
+)
+def test_lowbit_logits_match_the_exported_integer_forward(artifacts, config, form):
+    x = jnp.asarray(np.random.default_rng(1).integers(0, 256, (3, 40)), jnp.uint8)
+    loaded = _load(artifacts, config, form)
+    got = np.asarray(_logits(nnx.split(loaded.model), x))
+    want = np.asarray(_logits(nnx.split(loaded.reference), x))
+    np.testing.assert_allclose(got, want, atol=LOGIT_TOLERANCE, rtol=0)
+
+
+def test_weights_stay_low_bit_in_the_compiled_step(artifacts):
+    sizes = {}
+    for config, form in (("w8a8", "int8"), ("w4a8", "int8"), ("w1.58a8", "2bit"), ("w1.58a8", "int8")):
+        loaded = _load(artifacts, config, form)
+        layers = [m for _, m in nnx.iter_modules(loaded.model) if isinstance(m, LowBitLinear)]
+        assert len(layers) == 7 * TINY.depth
+        assert all(m.codes[...].dtype in (jnp.int8, jnp.uint8) for m in layers)
+        # The compiled step reads the codes as they are: no float kernel of the quantised layers is an input.
+        graphdef, state = nnx.split(loaded.model)
+        jaxpr = jax.make_jaxpr(lambda s, g=graphdef: nnx.merge(g, s)(jnp.zeros((1, 4), jnp.uint8)))(state)
+        dtypes = [str(v.aval.dtype) for v in jaxpr.jaxpr.invars]
+        assert dtypes.count("int8") + dtypes.count("uint8") == len(layers)
+        sizes[(config, form)] = loaded.bytes
+    float32 = sizes[("w8a8", "int8")]["linear_float32"]
+    assert sizes[("w4a8", "int8")]["linear"] <= float32 / 6
+    scales = 4 * len(layers)  # one float32 scale per ternary tensor
+    assert sizes[("w1.58a8", "2bit")]["linear"] <= float32 / 8 + scales
+    assert sizes[("w1.58a8", "int8")]["linear"] == float32 / 4 + scales
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {"temperature": 0.7, "top_k": 5},
+        {"temperature": 1.3, "top_p": 0.6},
+        {"temperature": 1.0, "top_k": 40, "top_p": 0.9, "stop": [b"a", b"\x00\x01"]},
+    ],
+)
+def test_sampled_batches_match_the_loop_row_by_row(artifacts, settings):
+    model = artifacts[0]
+    prompts = list(SAMPLE_PROMPTS)
+    key = jax.random.key(5)
+    got = decode(model, prompts, tokens=40, key=key, **settings)
+    with jax.debug_key_reuse(False):
+        want = tuple(generate(model, p, tokens=40, key=key, row=r, **settings).tokens for r, p in enumerate(prompts))
+    assert got.texts == want
+    assert len(set(got.texts)) == 3
+
+
+def test_each_row_stops_on_its_own(artifacts):
+    model = artifacts[0]
+    prompts = list(SAMPLE_PROMPTS)
+    free = decode(model, prompts, tokens=60, key=jax.random.key(2), temperature=1.0)
+    stop = free.texts[0][10:12]  # a sequence row 0 is known to produce
+    stopped = decode(model, prompts, tokens=60, key=jax.random.key(2), temperature=1.0, stop=stop)
+    for before, after in zip(free.texts, stopped.texts, strict=True):
+        cut = before.find(stop)
+        assert after == (before if cut < 0 else before[: cut + len(stop)])
+    assert len(stopped.texts[0]) <= 12
+
+
+def test_second_call_in_a_bucket_compiles_nothing(artifacts):
+    model = artifacts[0]
+    first = decode(model, [b"one", b"two", b"three"], tokens=9, key=jax.random.key(0), temperature=0)
+    assert (first.batch_bucket, first.length_bucket) == (4, 16)
+    with CompileCounter() as counter:  # other prompts, budget and sampling settings: the same buckets
+        again = decode(
+            model, [b"four", b"fifteen bytes!!", b"6"], tokens=21, key=jax.random.key(1), temperature=0.9, top_k=7
+        )
+    assert counter.count == 0 and again.compiles == 0
+    assert [len(t) for t in again.texts] == [21, 21, 21]
+
+
+def test_draw_byte_keeps_only_what_top_k_and_top_p_allow():
+    # Probabilities 0.5, 0.25, 0.125, 0.0625, ... on bytes 0, 1, 2, 3, ...
+    logits = jnp.asarray(-np.log(2.0) * np.arange(256), jnp.float32)
+    draws = jax.random.split(jax.random.key(3), 400)
+
+    def drawn(temperature, top_k, top_p):
+        settings = (jnp.float32(temperature), jnp.int32(top_k), jnp.float32(top_p))
+        return set(np.asarray(jax.vmap(lambda k: draw_byte(logits, k, *settings))(draws)).tolist())
+
+    assert drawn(1.0, 2, 1.0) == {0, 1}
+    assert drawn(1.0, 256, 0.7) == {0, 1}  # 0.5 < 0.7 keeps byte 1; 0.75 >= 0.7 stops there
+    assert drawn(1.0, 256, 0.5) == {0}
+    assert drawn(0.0, 256, 1.0) == {0}
+    assert drawn(1.0, 256, 1.0) >= {0, 1, 2, 3}
+
+
+def test_llama_norm_placement_decodes_like_the_loop():
+    model = Transformer(LMConfig(context=32, width=32, depth=1, heads=2, hidden=64, norms="llama"), rngs=nnx.Rngs(1))
+    got = decode(model, [b"ab", b"cdef"], tokens=16, key=jax.random.key(0), temperature=0)
+    with jax.debug_key_reuse(False):
+        want = tuple(
+            generate(model, p, tokens=16, key=jax.random.key(0), temperature=0).tokens for p in (b"ab", b"cdef")
+        )
+    assert got.texts == want
+
+
+@pytest.mark.parametrize(
+    ("prompts", "kwargs", "message"),
+    [
+        (
+            [b"x" * 300],
+            {},
+            r"prompt 0 of 300 bytes plus 4 new bytes is longer than the model's context; "
+            r"expected at most 272 bytes in all, got 304",
+        ),
+        ([], {}, r"the batch is empty; expected at least one prompt"),
+        ([b"a"], {"temperature": -0.5}, r"temperature must be >= 0 \(0 is greedy\); got -0.5"),
+        ([b"a"], {"top_p": 0.0}, r"top_p must lie in \(0, 1\]; got 0.0"),
+        ([b"a"], {"top_p": 1.5}, r"top_p must lie in \(0, 1\]; got 1.5"),
+        ([b"a"], {"top_k": 0}, r"top_k must be an int >= 1 \(or None for all 256 bytes\); got 0"),
+        ([b""], {}, r"prompt 0 must be non-empty bytes; got b''"),
+    ],
+)
+def test_bad_input_is_refused_naming_expected_and_got(artifacts, prompts, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        decode(artifacts[0], prompts, tokens=4, key=jax.random.key(0), **kwargs)
+
+
+def test_a_tampered_artifact_is_refused(artifacts, tmp_path):
+    import shutil
+
+    art = shutil.copytree(artifacts[1]["w1.58a8"], tmp_path / "art")
+    data = bytearray((art / "weights.safetensors").read_bytes())
+    data[-1] ^= 1
+    (art / "weights.safetensors").write_bytes(bytes(data))
+    with pytest.raises(ArtifactError, match="the file was changed"):
+        load_lowbit(art)
+
+
+def test_cli_samples_a_batch_and_reports_speed_and_bytes(artifacts, tmp_path):
+    from stejax.cli import main
+
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("first line\n", encoding="utf-8")  # two prompts: the bucket of the parity test
+    art = str(artifacts[1]["w4a8"])
+    result = CliRunner().invoke(
+        main, ["lm", "sample", art, "--prompt", "hi", "--prompt-file", str(prompts), "--tokens", "8", "--top-k", "5"]
+    )
+    assert result.exit_code == 0, result.output
+    out = result.stdout  # one line per prompt, but generated bytes may hold line breaks too
+    assert out.startswith("hi") and "\nfirst line" in out
+    assert "bytes/s" in result.stderr and "first byte" in result.stderr and "resident weights" in result.stderr
+    bad = CliRunner().invoke(main, ["lm", "sample", art, "--prompt", "hi", "--top-p", "2"])
+    assert bad.exit_code == 2 and "top_p must lie in (0, 1]; got 2.0" in bad.output
