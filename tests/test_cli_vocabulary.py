@@ -219,6 +219,7 @@ def test_lm_train_config_name(monkeypatch, tmp_path):
     def stop(model, name):
         raise click.ClickException(f"would train {name}")
 
+    monkeypatch.setattr(stejax.lm, "Transformer", lambda config, rngs: None)  # no model is built
     monkeypatch.setattr(stejax.lm, "quantize_lm", stop)
     corpus = tmp_path / "corpus"
     corpus.mkdir()
