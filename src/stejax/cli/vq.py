@@ -31,7 +31,7 @@ def _int_list(value: str | None, option: str) -> tuple[int, ...] | None:
     return values
 
 
-@click.group("vq")
+@click.group("vq", short_help="Vector-quantised autoencoders: codebooks, FSQ, the rotation trick.")
 def vq_group() -> None:
     """Vector-quantised autoencoders: codebooks, FSQ, the rotation trick."""
 
