@@ -195,15 +195,21 @@ def train_command(
 @lm_group.command("compare")
 @out_dir_option("Folder for the report.")
 @click.option("--quick", is_flag=True, default=False, help="The smoke-test tier (a few minutes on 2 cores).")
-@seeds_option("Seeds 0..N-1 (quick: 1, full: 2).")
+@seeds_option("Seeds 0..N-1 (quick: 1, full: 3).")
 @click.option("--steps", type=click.IntRange(min=1), default=None, help="Float pre-training steps.")
 @click.option("--finetune-steps", type=click.IntRange(min=1), default=None, help="QAT fine-tuning steps.")
-@click.option("--configs", default=None, metavar="NAME,...", help="Only these configurations (float is always run).")
+@click.option(
+    "--configs",
+    default=None,
+    metavar="NAME,...",
+    help=f"Only these configurations, comma-separated, from {', '.join(_CONFIG_NAMES)} (float is always run).",
+)
 @click.option(
     "--scratch",
     default=None,
     metavar="NAME,...",
-    help="Also train these from scratch (default w1.58a8, w4a8, w4a8_no_ste).",
+    help="Also train these from scratch (default w1.58a8, w4a8, w4a8_no_ste); float is then trained from scratch "
+    "too (float_scratch), the baseline of every from-scratch row.",
 )
 @click.option(
     "--corpus",
