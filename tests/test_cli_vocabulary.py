@@ -310,3 +310,13 @@ def test_the_cli_reference_is_generated_from_the_app():
         assert usage in text
         section = text[text.index(usage) :].split("\n#", 1)[0]
         assert f"  {flag} " not in section, (path, flag)
+
+
+def test_vq_compare_configs(tmp_path):
+    # An unknown name is refused after the old spelling's value reached --variants.
+    line, new = _both(
+        ["vq", "compare", "--out", str(tmp_path), "--configs", "nope"],
+        ["vq", "compare", "--out", str(tmp_path), "--variants", "nope"],
+    )
+    assert new.exit_code == 2 and "--variants" in new.output and "nope" in new.output
+    assert line.startswith("Deprecated: stejax vq compare --configs is now --variants;")
