@@ -1,4 +1,9 @@
-"""What the command modules share: option decorators, progress bars and turning refusals into CLI errors."""
+"""What the command modules share.
+
+One definition per recurring option (``--out``, ``--seeds``, ``--workers``, ``--repeats``...), the old
+spellings kept for one release (:func:`deprecated_option`), progress bars, the root group that lists the
+commands by task and turns refusals into one-line CLI errors.
+"""
 
 from __future__ import annotations
 
