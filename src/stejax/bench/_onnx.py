@@ -230,7 +230,10 @@ def onnx_suite(*, repeats: int, warmup: int, quick: bool, results_dir: str | Pat
                     ratios["float_over_int8"] = float(group["ratios"]["onnxruntime float/onnxruntime int8"]["p50"])
                     ratios["stejax_over_ort"] = float(group["ratios"]["stejax int8/onnxruntime int8"]["p50"])
     a, b = ratios["float_over_int8"], ratios["stejax_over_ort"]
+    sizes = {r["format"]: r["file_bytes"] for r in rows if r["model"] == mlp_name and r["runtime"] == "onnxruntime"}
+    size = sizes["int8"] / sizes["float"]
     figures = {
+        "int8_file_vs_float_mlp": Figure(size, f"{size:.2f}×", target="≤ 0.3×", met=size <= 0.3),
         "ort_int8_vs_float_mlp_b256": Figure(a, f"{a:.2f}×", target="≥ 1.5×", met=a >= 1.5),
         "ort_int8_vs_stejax_mlp_b256": Figure(b, f"{b:.2f}×", target="≥ 1.0×", met=b >= 1.0),
     }
