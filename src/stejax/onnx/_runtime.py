@@ -1,4 +1,4 @@
-"""ONNX Runtime sessions on the CPU execution provider, and which kernels the optimised graph runs."""
+"""ONNX Runtime on the CPU execution provider: an InferenceSession, and which kernels its optimised graph runs."""
 
 from __future__ import annotations
 
