@@ -2,7 +2,7 @@
 
 Run from the repository root (minutes; under ``nice`` on a shared machine):
 
-    .venv/bin/python benchmarks/vq_pilot.py [--steps 1000] [--out FILE.json]
+    .venv/bin/python benchmarks/vq_pilot.py [--steps 1000] [--results docs/results]
 
 Plain STE only (and dead-code replacement with EMA at one setting, as a check that replacement acts),
 at K = 4096, code dimensions 8 and 32, codes N(0, s^2) for s in (1.0, 0.1) and Adam learning rates
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import time
 
 from stejax.vq import CompareSettings, compare
@@ -23,7 +22,7 @@ from stejax.vq import CompareSettings, compare
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=1000)
-    parser.add_argument("--out", default=None, help="Write the pilot's rows to this JSON file.")
+    parser.add_argument("--results", default=None, help="Write the results file vq_pilot.json into this folder.")
     args = parser.parse_args()
     base = CompareSettings(seeds=(100,), codebook_sizes=(4096,), steps=args.steps, variants=("ste",))
     rows = []
@@ -39,9 +38,27 @@ def main() -> None:
     check = dataclasses.replace(base, variants=("dead_ema",), code_dims=(8,))
     report = compare(check, progress=lambda line: print(f"check: {line}", flush=True))
     rows += [{"init_scale": 1.0, "learning_rate": 1e-3, **r} for r in report["summary"]]
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(rows, f, indent=1)
+    if args.results:
+        write(rows, f"{args.results}/vq_pilot.json", command=f"python benchmarks/vq_pilot.py --steps {args.steps}")
+
+
+COLUMNS = [
+    ("variant", "variant"),
+    ("init_scale", "code init σ"),
+    ("learning_rate", "learning rate"),
+    ("code_dim", "d"),
+    ("usage", "usage at K = 4096", "{:.3f}"),
+    ("batch_usage", "per-batch usage", "{:.4f}"),
+    ("val_mse", "val MSE", "{:.4f}"),
+]
+
+
+def write(rows, path, *, command, **provenance):
+    """The pilot's results file (``provenance``: a transcription's commit, date, machine, load)."""
+    from stejax.bench.results import Recorder
+
+    keep = [{key: r[key] for key, *_ in COLUMNS} for r in rows]
+    Recorder("vq_pilot", command=command).write(path, rows=keep, columns=COLUMNS, **provenance)
 
 
 if __name__ == "__main__":

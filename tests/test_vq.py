@@ -416,3 +416,69 @@ def test_wrong_input_width_is_refused():
         cb.quantize(params, jnp.zeros((3, 4)))
     with pytest.raises(ValueError, match=r"codebook_size` must be a positive int; got 0"):
         usage(jnp.zeros(3, jnp.int32), 0)
+
+
+# ------------------------------------------------------------------------------------------------
+# The matmul lookup for large codebooks, k-means++ seeding, per-batch usage
+# ------------------------------------------------------------------------------------------------
+
+
+def test_nearest_code_matmul_is_the_argmin_with_ties_to_the_lowest_index():
+    codes = np.asarray(jax.random.normal(jax.random.key(0), (256, 4)), np.float32)
+    v = np.asarray(jax.random.normal(jax.random.key(1), (3, 50, 4)), np.float32)
+    got = np.asarray(stejax.vq.nearest_code_matmul(v, codes))
+    np.testing.assert_array_equal(got, _nearest_numpy(v, codes))
+    tied = codes.copy()
+    tied[200] = tied[7]  # the same code in the first and the fourth block of 64
+    got = np.asarray(stejax.vq.nearest_code_matmul(tied[200:201] + 1e-3, tied))
+    assert got.tolist() == [7]
+
+
+@pytest.mark.parametrize("estimator", [stejax.vq_quantize, stejax.rotation_trick], ids=["ste", "rotation"])
+def test_the_matmul_lookup_gives_the_exact_lookups_values_and_gradients(estimator):
+    kw = {"codebook_size": 128, "dim": 6, "codebook_dim": 3, "estimator": estimator}
+    exact, fast = Codebook(**kw), Codebook(**kw, lookup="matmul")
+    params, _ = exact.init(key=jax.random.key(0))
+    z = jax.random.normal(jax.random.key(1), (40, 6))
+
+    def loss(cb, p, z):
+        out = cb.quantize(p, z)
+        return jnp.sum(jnp.sin(out.quantized)) + cb.loss(out), out
+
+    (la, a), ga = jax.jit(jax.value_and_grad(lambda p, z: loss(exact, p, z), (0, 1), has_aux=True))(params, z)
+    (lb, b), gb = jax.jit(jax.value_and_grad(lambda p, z: loss(fast, p, z), (0, 1), has_aux=True))(params, z)
+    np.testing.assert_array_equal(np.asarray(a.indices), np.asarray(b.indices))
+    np.testing.assert_allclose(np.asarray(a.quantized), np.asarray(b.quantized), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(float(la), float(lb), rtol=1e-6)
+    for x, y in zip(jax.tree.leaves(ga), jax.tree.leaves(gb), strict=True):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match=r"`lookup` must be one of \('exact', 'matmul'\); got 'fast'"):
+        Codebook(codebook_size=4, dim=2, lookup="fast")
+
+
+def test_kmeans_plus_plus_picks_rows_of_the_data_one_per_separated_cluster():
+    centres = np.array([[0.0, 0.0], [100.0, 0.0], [0.0, 100.0]], np.float32)
+    x = centres[np.arange(90) % 3] + 0.1 * np.asarray(jax.random.normal(jax.random.key(1), (90, 2)), np.float32)
+    for seed in range(3):
+        means = np.asarray(stejax.vq.kmeans_plus_plus(x, 3, key=jax.random.key(seed)))
+        assert all(any(np.array_equal(m, r) for r in x) for m in means), "every seed is a row of the data"
+        assert sorted(_nearest_numpy(means, centres).tolist()) == [0, 1, 2]
+    a = stejax.vq.kmeans_plus_plus(x, 3, key=jax.random.key(5))
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(stejax.vq.kmeans_plus_plus(x, 3, key=jax.random.key(5))))
+    # Fewer distinct rows than clusters: every D is 0 after the first draws, and the draws turn uniform.
+    same = np.ones((5, 2), np.float32)
+    np.testing.assert_array_equal(np.asarray(stejax.vq.kmeans_plus_plus(same, 4, key=jax.random.key(0))), 1.0)
+    means, counts = kmeans(x, 3, key=jax.random.key(0), seeding="kmeans++")
+    assert sorted(counts.tolist()) == [30.0, 30.0, 30.0]
+    with pytest.raises(ValueError, match=r"`seeding` must be one of \('random', 'kmeans\+\+'\); got 'pp'"):
+        kmeans(x, 3, key=jax.random.key(0), seeding="pp")
+
+
+def test_usage_batch_usage_and_perplexity_on_hand_made_assignments():
+    idx = jnp.array([[0, 0, 1, 1], [2, 3, 4, 5], [0, 0, 0, 0]])  # 8 codes; epoch uses 0..5
+    assert float(usage(idx, 8)) == 6 / 8
+    assert float(stejax.vq.batch_usage(idx, 8)) == pytest.approx((2 + 4 + 1) / 3 / 8)
+    p = np.array([6, 2, 1, 1, 1, 1]) / 12
+    assert float(perplexity(idx, 8)) == pytest.approx(math.exp(-(p * np.log(p)).sum()), rel=1e-6)
+    with pytest.raises(TypeError, match="batch_usage: `indices` must be integers"):
+        stejax.vq.batch_usage(jnp.zeros((2, 2)), 8)

@@ -74,7 +74,7 @@ def test_every_program_compiles_once_and_not_again(tiny_run):
 
 def test_results_file_plots_and_markdown(tiny_run):
     out, _ = tiny_run
-    results = load_results(out / "results" / "vq_compare.json")
+    results = load_results(out / "results" / "vq_compare_quick.json")
     assert [r["variant"] for r in results["rows"]] == list(CHOSEN)
     assert results["command"].startswith("stejax vq compare --out ")
     assert "--quick --seeds 2 --steps 30" in results["command"]

@@ -66,7 +66,7 @@ def vq_group() -> None:
     "--results",
     type=directory(),
     default=None,
-    help="Also write the results file vq_compare.json into this folder (docs/results for the documentation).",
+    help="Also write the results file vq_compare.json (vq_compare_quick.json with --quick) into this folder.",
 )
 @click.option(
     "--figures",
@@ -132,7 +132,8 @@ def compare_command(
         from stejax.vq._results import record
 
         command = " ".join(["stejax vq compare", *_given_options(click.get_current_context())])
-        written = record(report, Path(results) / "vq_compare.json", command=command)
+        name = "vq_compare_quick" if quick else "vq_compare"
+        written = record(report, Path(results) / f"{name}.json", command=command, name=name)
         console.print(f"wrote {written}", markup=False)
     missed = sum(not t["passed"] for t in report["targets"])
     console.print(

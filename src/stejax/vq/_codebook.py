@@ -9,6 +9,7 @@ mutated, so a whole training run can be jitted and mapped over seeds.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -433,6 +434,7 @@ class Codebook:
         return params, CodebookState(cluster_size=counts, embed_sum=means * counts[:, None])
 
 
+@functools.partial(jax.jit, static_argnames=("n_clusters",))  # one compilation per shape, eager or not
 def kmeans_plus_plus(vectors: ArrayLike, n_clusters: int, *, key: jax.Array) -> jax.Array:
     r"""k-means++ seeding: ``n_clusters`` rows of ``vectors`` ``(n, d)``, drawn with probability :math:`\propto D^2`.
 
@@ -462,7 +464,7 @@ def kmeans_plus_plus(vectors: ArrayLike, n_clusters: int, *, key: jax.Array) -> 
     first = jax.random.randint(keys.consume(k_first, where="kmeans_plus_plus: first"), (), 0, n)
     draws = keys.split(k_rest, max(n_clusters - 1, 1), where="kmeans_plus_plus: one key per draw")
     means = jnp.zeros((n_clusters, v.shape[1]), jnp.float32).at[0].set(v[first])
-    d2 = jnp.sum(jnp.square(v - v[first]), axis=-1)
+    d2 = jnp.sum(jnp.square(v - v[first][None, :]), axis=-1)
 
     def draw(i, carry):
         means, d2 = carry
@@ -473,12 +475,13 @@ def kmeans_plus_plus(vectors: ArrayLike, n_clusters: int, *, key: jax.Array) -> 
         u = jax.random.uniform(draws[i - 1], (), jnp.float32) * cdf[-1]
         pick = jnp.minimum(jnp.searchsorted(cdf, u, side="right"), n - 1)
         row = v[pick]
-        return means.at[i].set(row), jnp.minimum(d2, jnp.sum(jnp.square(v - row), axis=-1))
+        return means.at[i].set(row), jnp.minimum(d2, jnp.sum(jnp.square(v - row[None, :]), axis=-1))
 
     means, _ = jax.lax.fori_loop(1, n_clusters, draw, (means, d2))
     return means
 
 
+@functools.partial(jax.jit, static_argnames=("n_clusters", "iters", "cosine", "seeding"))
 def kmeans(
     vectors: ArrayLike,
     n_clusters: int,

@@ -31,7 +31,7 @@ def _text(key: str, value: float) -> str:
     return _FORMATS["usage"].format(value)
 
 
-def record(report: dict[str, Any], path: str | os.PathLike[str], *, command: str) -> Path:
+def record(report: dict[str, Any], path: str | os.PathLike[str], *, command: str, name: str = "vq_compare") -> Path:
     """Write the results file of a :func:`stejax.vq.compare` report with :class:`stejax.bench.results.Recorder`.
 
     Rows: the summary (one per variant, ``K`` and ``d``, means over seeds; the
@@ -41,7 +41,7 @@ def record(report: dict[str, Any], path: str | os.PathLike[str], *, command: str
     """
     from stejax.bench.results import Figure, Recorder
 
-    rec = Recorder("vq_compare", command=command)
+    rec = Recorder(name, command=command)
     figures = {}
     for t in report["targets"]:
         figures[t["key"]] = Figure(t["value"], _text(t["key"], t["value"]), target=t["name"], met=t["passed"])
