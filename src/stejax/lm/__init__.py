@@ -1,5 +1,7 @@
 """A quantised byte-level transformer language model: corpus, references, model, training, comparison, export, sampling.
 
+GGUF export for llama.cpp: :func:`export_gguf` (``docs/llama-cpp.md``).
+
 Needs the optional extras ``stejax[flax]`` and ``stejax[train]``; ``import stejax``
 does not import it. Guide: ``docs/lm.md``.
 """
@@ -24,6 +26,20 @@ from stejax.lm._decode import decode as decode
 from stejax.lm._lowbit import LowBitLinear as LowBitLinear
 from stejax.lm._lowbit import LowBitLM as LowBitLM
 from stejax.lm._lowbit import load_lowbit as load_lowbit
+from stejax.lm._gguf import BITS_PER_WEIGHT as BITS_PER_WEIGHT
+from stejax.lm._gguf import GGUFError as GGUFError
+from stejax.lm._gguf import GGUFExport as GGUFExport
+from stejax.lm._gguf import export_gguf as export_gguf
+from stejax.lm._gguf import gguf_name as gguf_name
+from stejax.lm._gguf import gguf_types as gguf_types
+from stejax.lm._gguf import llama_differences as llama_differences
+from stejax.lm._gguf import read_gguf as read_gguf
+from stejax.lm._llamacpp import LlamaCppGeneration as LlamaCppGeneration
+from stejax.lm._llamacpp import llamacpp_greedy as llamacpp_greedy
+from stejax.lm._llamacpp import llamacpp_logits as llamacpp_logits
+from stejax.lm._llamacpp import llamacpp_rows as llamacpp_rows
+from stejax.lm._llamacpp import load_llama as load_llama
+from stejax.lm._model import LLAMA as LLAMA
 from stejax.lm._model import LayerCache as LayerCache
 from stejax.lm._model import LMConfig as LMConfig
 from stejax.lm._model import Transformer as Transformer

@@ -1,0 +1,574 @@
+r"""GGUF export: a stejax language model as a llama.cpp ``llama`` model, its integer codes kept exactly.
+
+A file written by :func:`export_gguf` is a llama with no vocabulary
+(``tokenizer.ggml.model = "none"``, ``llama.vocab_size = 256``): token ids are
+the bytes 0-255 and the logits are over those 256 values. Tensors carry llama's
+names (``token_embd``, ``blk.N.attn_q``, ..., ``output_norm``, ``output``), each
+weight ``(out, in)`` with the contraction axis along the row, as ggml stores it.
+
+Each quantised kernel is written in the GGUF type that holds its codes exactly,
+so that the only change is each block's scale rounded to float16:
+
+=====================  =========================================  ===================================
+stejax weights         GGUF type                                  a block of 32 (256) weights holds
+=====================  =========================================  ===================================
+int8, per channel      Q8_0 (8.5 bits a weight)                   the 32 codes and the channel's scale
+int4, groups of 32     Q4_0 (4.5)                                 the 32 codes + 8 and the group's scale
+int2, groups of 32     Q4_0 (4.5)                                 the 32 codes + 8 and the group's scale
+ternary (absmean)      TQ2_0 (2.0625) or TQ1_0 (1.6875)           256 trits and the tensor's
+                       where a row is a multiple of 256, else     :math:`\gamma` (the inverse of
+                       Q4_0                                       stejax's stored scale)
+float                  F32 (or F16)                               the values
+=====================  =========================================  ===================================
+
+The embedding, the norms and the output head stay F32 (stejax keeps them in
+float32). The dequantised GGUF weight is ``d * code`` with ``d`` the float16
+scale; stejax's is ``code * scale`` (``code / scale`` for ternary), so the two
+agree to float16's rounding of the scale (a relative :math:`2^{-11}` at most;
+a scale outside float16's normal range is refused rather than flushed).
+
+What llama.cpp computes differently (not a property of the file): it quantises
+a quantised product's input to int8 per block of 32 values (Q8_0; per 256 with
+a float32 scale, Q8_K, for TQ1_0/TQ2_0), where stejax's w*a8 configurations use
+one int8 scale per token, and its float32 sums run in another order.
+
+A model that llama's computation does not express is refused, by name:
+learned positions, a GELU MLP, a tied head, BitNet's SubLN norm placement
+(``LMConfig(norms="subln")``), biases, and 4-bit activations (``w4a4``: llama.cpp
+quantises inputs to 8 bits). Train with :data:`stejax.lm.LLAMA`
+(``stejax lm train`` does) to export.
+
+The file is written atomically: a hidden temporary file beside ``out``, fsynced,
+then linked into place (never overwriting); a failed export leaves nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import secrets
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "BITS_PER_WEIGHT",
+    "GGUFError",
+    "GGUFExport",
+    "export_gguf",
+    "gguf_name",
+    "gguf_types",
+    "llama_differences",
+    "read_gguf",
+]
+
+# Bits a weight takes in each type written here (block bytes * 8 / block weights).
+BITS_PER_WEIGHT: dict[str, float] = {
+    "F32": 32.0,
+    "F16": 16.0,
+    "Q8_0": 8.5,
+    "Q4_0": 4.5,
+    "TQ2_0": 2.0625,
+    "TQ1_0": 1.6875,
+}
+# (weights per block, bytes per block) of the quantised types.
+_BLOCKS = {"Q8_0": (32, 34), "Q4_0": (32, 18), "TQ2_0": (256, 66), "TQ1_0": (256, 54)}
+ROPE_BASE = 10000.0  # stejax.lm.rotary's theta base
+_FP16_NORMAL = (2.0**-14, 65504.0)
+
+
+class GGUFError(ValueError):
+    """A model, configuration or tensor that a GGUF llama cannot hold as stejax computes it."""
+
+
+@dataclasses.dataclass(frozen=True)
+class GGUFExport:
+    """What :func:`export_gguf` wrote.
+
+    Attributes:
+      path: the GGUF file.
+      bytes: its size.
+      config: the stejax configuration's name (``w1.58a8``).
+      types: GGUF type per tensor name (``{"blk.0.attn_q.weight": "TQ2_0", ...}``).
+      bits_per_weight: the quantised block weights' bits per weight, over all of them
+        (every weight of the blocks' linear layers; the float configuration's F32/F16).
+    """
+
+    path: Path
+    bytes: int
+    config: str
+    types: Mapping[str, str]
+    bits_per_weight: float
+
+
+# ----------------------------------------------------------------------------------------------- names and checks
+
+_BLOCK_NAMES = {
+    "attn_norm/scale": "attn_norm.weight",
+    "attn/q/kernel": "attn_q.weight",
+    "attn/k/kernel": "attn_k.weight",
+    "attn/v/kernel": "attn_v.weight",
+    "attn/o/kernel": "attn_output.weight",
+    "mlp_norm/scale": "ffn_norm.weight",
+    "mlp/gate/kernel": "ffn_gate.weight",
+    "mlp/up/kernel": "ffn_up.weight",
+    "mlp/down/kernel": "ffn_down.weight",
+}
+_TOP_NAMES = {
+    "embed/embedding": "token_embd.weight",
+    "final_norm/scale": "output_norm.weight",
+    "head/kernel": "output.weight",
+}
+
+
+def gguf_name(name: str) -> str:
+    """llama's GGUF tensor name of a stejax parameter (``blocks/0/attn/q/kernel`` -> ``blk.0.attn_q.weight``).
+
+    Raises:
+      GGUFError: a parameter llama has no tensor for (the message names it).
+
+    Example:
+      >>> gguf_name("blocks/3/mlp/down/kernel")
+      'blk.3.ffn_down.weight'
+    """
+    if name in _TOP_NAMES:
+        return _TOP_NAMES[name]
+    parts = name.split("/", 2)
+    if len(parts) == 3 and parts[0] == "blocks" and parts[1].isdigit() and parts[2] in _BLOCK_NAMES:
+        return f"blk.{parts[1]}.{_BLOCK_NAMES[parts[2]]}"
+    raise GGUFError(f"{name!r}: llama has no tensor for this parameter; the llama computation does not include it.")
+
+
+def llama_differences(model: Any, config: Any = None) -> list[str]:
+    """How a model architecture (an :class:`~stejax.lm.LMConfig`) and a configuration differ from llama's computation.
+
+    An empty list: the model exports exactly. ``config`` (an :class:`~stejax.lm.LMQuant`
+    or its name) adds the configuration's own differences.
+    """
+    from stejax.lm._configs import CONFIGS
+
+    out = []
+    if model.positions != "rotary":
+        out.append(
+            f"learned positions (positions={model.positions!r}): llama adds no position embedding; "
+            "it rotates queries and keys (positions='rotary')"
+        )
+    if model.mlp != "swiglu":
+        out.append(f"a {model.mlp.upper()} MLP (mlp={model.mlp!r}): llama's MLP is SwiGLU (mlp='swiglu')")
+    if model.tied:
+        out.append("a tied head (tied=True): llama's output head here is its own tensor (tied=False)")
+    if getattr(model, "norms", "subln") != "llama":
+        out.append(
+            "SubLN norm placement (norms='subln'): RMSNorms before the attention output and the down "
+            "projection, which llama lacks (norms='llama')"
+        )
+    if config is not None:
+        config = CONFIGS[config] if isinstance(config, str) else config
+        if config.input_bits not in (None, 8):
+            out.append(
+                f"{config.input_bits}-bit activations (configuration {config.name!r}): llama.cpp quantises a "
+                "product's input to 8 bits"
+            )
+        if config.weight_bits not in (None, 8, 4, 2, 1.58):
+            out.append(f"{config.weight_bits}-bit weights (configuration {config.name!r}): no GGUF type holds them")
+        if config.weight_bits in (8, 4, 2) and config.group is not None and config.group % 32:
+            out.append(
+                f"scale groups of {config.group} (configuration {config.name!r}): GGUF blocks hold 32 weights "
+                "with one scale; groups must be a multiple of 32"
+            )
+    return out
+
+
+def _multiple_message(name: str, gguf: str, shape: tuple[int, ...], kind: str, multiple: int) -> str:
+    n = shape[0]
+    lower, upper = n // multiple * multiple, -(-n // multiple) * multiple
+    fits = f"{lower} or {upper}" if lower else f"{upper}"
+    return (
+        f"{name} ({gguf}): kernel of shape {shape} has {n} inputs per output row; {kind} stores rows in blocks of "
+        f"{multiple}, so the input width must be a multiple of {multiple} ({n} is not; {fits} would fit)."
+    )
+
+
+def _type_for(name: str, gguf: str, shape: tuple[int, ...], config: Any, ternary: str, float_type: str) -> str:
+    """The GGUF type of one block kernel ``(in, out)`` under ``config``."""
+    n_in = shape[0]
+    bits = config.weight_bits
+    if bits is None:
+        return float_type
+    if bits == 1.58:
+        if n_in % 256 == 0:
+            return ternary
+        if n_in % 32 == 0:
+            return "Q4_0"
+        raise GGUFError(
+            _multiple_message(name, gguf, shape, f"ternary needs {ternary} (blocks of 256) or Q4_0, which", 32)
+        )
+    kind = "Q8_0" if bits == 8 else "Q4_0"
+    if n_in % 32:
+        raise GGUFError(_multiple_message(name, gguf, shape, kind, 32))
+    return kind
+
+
+def gguf_types(
+    model: Any, config: Any, *, ternary: str = "TQ2_0", float_type: str = "F32"
+) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """GGUF tensor name -> (type, ggml shape) for an architecture and a configuration, before writing.
+
+    The ggml shape is ``(in, out)`` for a matrix (``(width, 256)`` for the
+    embedding and the head) and ``(width,)`` for a norm.
+
+    Args:
+      model: the :class:`~stejax.lm.LMConfig`.
+      config: the :class:`~stejax.lm.LMQuant` or its name.
+      ternary: ``"TQ2_0"`` or ``"TQ1_0"`` for ternary kernels whose rows are multiples of 256.
+      float_type: ``"F32"`` or ``"F16"`` for the float configuration's block kernels.
+
+    Raises:
+      GGUFError: the model or configuration differs from llama's computation
+        (every difference named), or a kernel's shape fits no type.
+    """
+    from stejax.lm._configs import CONFIGS
+
+    config = CONFIGS[config] if isinstance(config, str) else config
+    if ternary not in ("TQ2_0", "TQ1_0"):
+        raise GGUFError(f"ternary must be 'TQ2_0' or 'TQ1_0'; got {ternary!r}.")
+    if float_type not in ("F32", "F16"):
+        raise GGUFError(f"float_type must be 'F32' or 'F16'; got {float_type!r}.")
+    differences = llama_differences(model, config)
+    if differences:
+        raise GGUFError(
+            "this model is not llama's computation, so no GGUF file would compute what it computes: "
+            + "; ".join(differences)
+            + "."
+        )
+    d, h = model.width, model.hidden
+    out: dict[str, tuple[str, tuple[int, ...]]] = {"token_embd.weight": ("F32", (d, 256))}
+    shapes = {"q": (d, d), "k": (d, d), "v": (d, d), "o": (d, d), "gate": (d, h), "up": (d, h), "down": (h, d)}
+    for i in range(model.depth):
+        out[f"blk.{i}.attn_norm.weight"] = ("F32", (d,))
+        for site, shape in shapes.items():
+            part = "attn" if site in ("q", "k", "v", "o") else "mlp"
+            name = f"blocks/{i}/{part}/{site}"
+            gguf = gguf_name(f"{name}/kernel")
+            out[gguf] = (_type_for(name, gguf, shape, config, ternary, float_type), shape)
+        out[f"blk.{i}.ffn_norm.weight"] = ("F32", (d,))
+    out["output_norm.weight"] = ("F32", (d,))
+    out["output.weight"] = ("F32", (d, 256))
+    return out
+
+
+# ----------------------------------------------------------------------------------------------- block encoders
+
+
+def _fp16_scales(name: str, gguf: str, d: np.ndarray, nonzero: np.ndarray) -> np.ndarray:
+    """``d`` as float16 bytes' values, refusing a scale of a block with nonzero codes outside float16's normal range."""
+    d = np.asarray(d, np.float32)
+    bad = nonzero & ~((np.abs(d) >= _FP16_NORMAL[0]) & (np.abs(d) <= _FP16_NORMAL[1]))
+    if bad.any():
+        value = float(d[bad].reshape(-1)[0])
+        raise GGUFError(
+            f"{name} ({gguf}): a block scale of {value:.3g} lies outside float16's normal range "
+            f"[{_FP16_NORMAL[0]:.3g}, {_FP16_NORMAL[1]:.0f}], so a GGUF block could not hold it to float16's "
+            "precision; expected weights whose scale fits (rescale the tensor)."
+        )
+    return d.astype(np.float16)
+
+
+def _q8_0(codes: np.ndarray, d: np.ndarray) -> np.ndarray:
+    """Q8_0 rows: per block of 32, the float16 scale then 32 int8 codes (``codes`` (rows, n), ``d`` (rows, n/32))."""
+    rows, n = codes.shape
+    qs = codes.astype(np.int8).reshape(rows, n // 32, 32).view(np.uint8)
+    scale = d.astype(np.float16).reshape(rows, n // 32, 1).view(np.uint8)
+    return np.concatenate([scale, qs], axis=-1).reshape(rows, -1)
+
+
+def _q4_0(codes: np.ndarray, d: np.ndarray) -> np.ndarray:
+    """Q4_0 rows: the float16 scale, then 16 bytes holding codes + 8 (weight j low nibble, weight j + 16 high)."""
+    rows, n = codes.shape
+    nib = (codes.astype(np.int16) + 8).astype(np.uint8).reshape(rows, n // 32, 2, 16)
+    qs = nib[:, :, 0] | (nib[:, :, 1] << np.uint8(4))
+    scale = d.astype(np.float16).reshape(rows, n // 32, 1).view(np.uint8)
+    return np.concatenate([scale, qs], axis=-1).reshape(rows, -1)
+
+
+def _tq2_0(codes: np.ndarray, d: np.ndarray) -> np.ndarray:
+    """TQ2_0 rows: per 256 weights, 64 bytes of 2-bit trits (code + 1; four 32-weight runs per byte), then the scale."""
+    rows, n = codes.shape
+    trits = (codes.astype(np.int16) + 1).astype(np.uint8).reshape(rows, n // 256, 2, 4, 32)
+    shifts = np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 1, 4, 1)
+    qs = np.bitwise_or.reduce(trits << shifts, axis=3).reshape(rows, n // 256, 64)
+    scale = d.astype(np.float16).reshape(rows, n // 256, 1).view(np.uint8)
+    return np.concatenate([qs, scale], axis=-1).reshape(rows, -1)
+
+
+def _tq1_0(codes: np.ndarray, d: np.ndarray) -> np.ndarray:
+    """TQ1_0 rows through gguf-py's own packing of the codes (scale 1), with each block's scale set to ``d``."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import quantize
+
+    rows, n = codes.shape
+    packed = np.asarray(quantize(codes.astype(np.float32), GGMLQuantizationType.TQ1_0)).reshape(rows, n // 256, 54)
+    packed = packed.copy()
+    packed[..., 52:54] = d.astype(np.float16).reshape(rows, n // 256, 1).view(np.uint8)
+    return packed.reshape(rows, -1)
+
+
+_ENCODERS = {"Q8_0": _q8_0, "Q4_0": _q4_0, "TQ2_0": _tq2_0, "TQ1_0": _tq1_0}
+
+
+def _encode(name: str, gguf: str, kind: str, codes: np.ndarray, scale: np.ndarray, config: Any) -> np.ndarray:
+    """Block bytes ``(out, bytes per row)`` of a kernel's codes ``(in, out)`` and stejax's compact scale."""
+    rows = np.ascontiguousarray(codes.T)  # (out, in): the contraction axis along the row
+    n_out, n_in = rows.shape
+    block = _BLOCKS[kind][0]
+    nb = n_in // block
+    if config.weight_bits == 1.58:
+        gamma = np.float32(1.0) / np.float32(scale.reshape(()))  # stejax dequantises code / scale
+        d = np.full((n_out, nb), gamma, np.float32)
+    elif config.group is None:
+        d = np.repeat(np.asarray(scale, np.float32).reshape(1, n_out).T, nb, axis=1)
+    else:
+        starts = np.arange(nb) * block  # each 32-block lies inside one group (group % 32 == 0)
+        d = np.asarray(scale, np.float32)[starts // config.group].T
+    nonzero = np.asarray(rows.reshape(n_out, nb, block).any(axis=-1))
+    d16 = _fp16_scales(name, gguf, d, nonzero)
+    return _ENCODERS[kind](rows, d16.astype(np.float32))
+
+
+# ----------------------------------------------------------------------------------------------- sources
+
+
+@dataclasses.dataclass(frozen=True)
+class _Weights:
+    model: Any  # LMConfig
+    config: Any  # LMQuant
+    floats: dict[str, np.ndarray]  # stejax name -> float32 (every parameter that is not a quantised kernel)
+    codes: dict[str, tuple[np.ndarray, np.ndarray]]  # site -> (int8 codes (in, out), compact float32 scale)
+    source: str
+
+
+def _from_model(model: Any, config: Any, source: str) -> _Weights:
+    from stejax.lm._configs import CONFIGS, quantised_paths
+    from stejax.lm._export import _codes_and_scale, _flat_params
+
+    config = CONFIGS[config] if isinstance(config, str) else config
+    params = _flat_params(model)
+    sites = set(quantised_paths(model)) if config.weight_bits is not None else set()
+    floats, codes = {}, {}
+    for name, value in params.items():
+        site = name.rsplit("/", 1)[0]
+        if site in sites and name.endswith("/kernel"):
+            codes[site] = _codes_and_scale(value, config)
+        else:
+            floats[name] = np.asarray(value, np.float32)
+    return _Weights(model.config, config, floats, codes, source)
+
+
+def _from_artifact(root: Path) -> _Weights:
+    """An LM artifact's tensors, after the manifest check (integrity, every file's size and sha256)."""
+    from stejax.artifacts import ArtifactError, check_listed_files, check_manifest_integrity, read_json_object
+    from stejax.export import SafetensorsError, decode_safetensors
+    from stejax.lm._configs import LMQuant
+    from stejax.lm._export import LM_FORMAT, WEIGHTS
+    from stejax.lm._model import LMConfig
+    from stejax.lm._packing import unpack
+
+    manifest = read_json_object(root / "manifest.json")
+    check_manifest_integrity(manifest, root / "manifest.json")
+    if manifest.get("format") != LM_FORMAT:
+        raise ArtifactError(f"{root / 'manifest.json'}: format {manifest.get('format')!r}; expected {LM_FORMAT!r}.")
+    files = check_listed_files(root, manifest.get("files"))
+    try:
+        tensors, _ = decode_safetensors(files[WEIGHTS], str(root / WEIGHTS))
+    except SafetensorsError as e:
+        raise ArtifactError(str(e)) from None
+    config = LMQuant(**manifest["config"])
+    model = LMConfig(**manifest["model"])
+    floats, codes = {}, {}
+    for site, entry in manifest["quantised"].items():
+        flat = unpack(tensors[f"{site}/codes"], entry["container"], int(np.prod(entry["shape"])))
+        codes[site] = (flat.reshape(entry["shape"]), np.asarray(tensors[f"{site}/scale"], np.float32))
+    for name, value in tensors.items():
+        if name.rsplit("/", 1)[0] not in manifest["quantised"]:
+            floats[name] = np.asarray(value, np.float32)
+    return _Weights(model, config, floats, codes, str(root))
+
+
+def _from_run(root: Path) -> _Weights:
+    import json
+
+    from flax import nnx
+
+    from stejax.lm._model import LMConfig, Transformer
+    from stejax.lm._train import load_checkpoint
+
+    run = json.loads((root / "config.json").read_text())
+    model = load_checkpoint(Transformer(LMConfig(**run["model"]), rngs=nnx.Rngs(0)), root / "params.safetensors")
+    return _from_model(model, run["config"], str(root))
+
+
+def _load_source(source: Any, config: Any) -> _Weights:
+    if isinstance(source, (str, os.PathLike)):
+        if config is not None:
+            raise GGUFError("config is read from the run or artifact directory; pass it only with a model.")
+        root = Path(source)
+        if (root / "manifest.json").exists():
+            return _from_artifact(root)
+        if (root / "config.json").exists() and (root / "params.safetensors").exists():
+            return _from_run(root)
+        from stejax.artifacts import ArtifactError
+
+        raise ArtifactError(
+            f"{root}: neither an LM artifact (manifest.json, from stejax lm export) nor a run "
+            "(config.json and params.safetensors, from stejax lm train)."
+        )
+    if config is None:
+        raise GGUFError("export_gguf(model, ...): pass the model's configuration (config='w1.58a8', ...).")
+    return _from_model(source, config, type(source).__name__)
+
+
+# ----------------------------------------------------------------------------------------------- writing
+
+
+def _plan(weights: _Weights, ternary: str, float_type: str) -> dict[str, tuple[str, np.ndarray, Any]]:
+    """GGUF name -> (type, numpy array to write, raw ggml type or None), in llama's tensor order."""
+    from gguf import GGMLQuantizationType
+
+    types = gguf_types(weights.model, weights.config, ternary=ternary, float_type=float_type)
+    by_gguf: dict[str, tuple[str, np.ndarray, Any]] = {}
+    stray = [n for n in weights.floats if n.endswith("/bias")]
+    if stray:
+        raise GGUFError(f"biases ({', '.join(stray)}): llama's products here have none.")
+    for name, value in weights.floats.items():
+        gguf = gguf_name(name)
+        kind, _ = types[gguf]
+        if name.endswith("/kernel"):
+            value = value.T  # (in, out) -> ggml's (out, in)
+        array = np.ascontiguousarray(value, np.float16 if kind == "F16" else np.float32)
+        by_gguf[gguf] = (kind, array, None)
+    for site, (codes, scale) in weights.codes.items():
+        gguf = gguf_name(f"{site}/kernel")
+        kind, shape = types[gguf]
+        if tuple(codes.shape) != shape:
+            raise GGUFError(f"{site} ({gguf}): codes of shape {codes.shape}; the model needs {shape}.")
+        by_gguf[gguf] = (kind, _encode(site, gguf, kind, codes, scale, weights.config), GGMLQuantizationType[kind])
+    missing = [g for g in types if g not in by_gguf]
+    if missing:
+        raise GGUFError(f"{weights.source}: lacks {', '.join(missing)}, tensors of the llama model.")
+    return {g: by_gguf[g] for g in types}
+
+
+def _file_type(kinds: list[str]) -> int:
+    from gguf import LlamaFileType
+
+    quantised = [k for k in kinds if k in _BLOCKS]
+    if not quantised:
+        return int(LlamaFileType.MOSTLY_F16 if "F16" in kinds else LlamaFileType.ALL_F32)
+    smallest = min(quantised, key=lambda k: BITS_PER_WEIGHT[k])
+    return int(LlamaFileType[f"MOSTLY_{smallest}"])
+
+
+def export_gguf(
+    source: Any,
+    out: str | os.PathLike,
+    *,
+    config: Any = None,
+    ternary: str = "TQ2_0",
+    float_type: str = "F32",
+) -> GGUFExport:
+    """Write a stejax LM as a GGUF ``llama`` file that llama.cpp runs.
+
+    Args:
+      source: a run directory (``stejax lm train``'s: config.json,
+        params.safetensors), an artifact directory (``stejax lm export``'s; its
+        manifest is checked and its packed codes written as they are), or a model
+        (:class:`~stejax.lm.Transformer`, float or quantised) with ``config``.
+      out: the ``.gguf`` file to create; must not exist.
+      config: the model's configuration (an :class:`~stejax.lm.LMQuant` or its
+        name), only with a model.
+      ternary: the type of ternary kernels whose rows are multiples of 256:
+        ``"TQ2_0"`` (2.0625 bits a weight, llama.cpp's faster one) or ``"TQ1_0"`` (1.6875).
+      float_type: ``"F32"`` or ``"F16"`` for the float configuration's block kernels.
+
+    Returns:
+      a :class:`GGUFExport`.
+
+    Raises:
+      GGUFError: a model that differs from llama's computation (each difference
+        named), a configuration no GGUF type holds, or a kernel whose shape does
+        not fit its type (the tensor, its shape, the multiple and what would fit).
+      stejax.artifacts.ArtifactError: a missing, changed or unlisted artifact file, or an edited manifest.
+      FileExistsError: ``out`` exists.
+    """
+    from gguf import GGUFValueType, GGUFWriter
+
+    target = Path(out)
+    if target.exists() or target.is_symlink():
+        raise FileExistsError(f"{target} exists; a GGUF export never overwrites a file.")
+    weights = _load_source(source, config)
+    plan = _plan(weights, ternary, float_type)
+    model, cfg = weights.model, weights.config
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.parent / f".{target.name}.gguf-partial-{secrets.token_hex(6)}"
+    try:
+        writer = GGUFWriter(tmp, "llama")
+        writer.add_name(f"stejax byte LM ({cfg.name})")
+        writer.add_file_type(_file_type([k for k, _, _ in plan.values()]))
+        writer.add_quantization_version(2)
+        writer.add_context_length(model.context)
+        writer.add_embedding_length(model.width)
+        writer.add_block_count(model.depth)
+        writer.add_feed_forward_length(model.hidden)
+        writer.add_head_count(model.heads)
+        writer.add_head_count_kv(model.heads)
+        writer.add_layer_norm_rms_eps(_rms_eps())
+        writer.add_rope_dimension_count(model.width // model.heads)
+        writer.add_rope_freq_base(ROPE_BASE)
+        writer.add_vocab_size(256)
+        writer.add_tokenizer_model("none")
+        writer.add_key_value("stejax.configuration", cfg.name, GGUFValueType.STRING)
+        writer.add_key_value("stejax.description", cfg.description, GGUFValueType.STRING)
+        for gguf, (_, array, raw) in plan.items():
+            writer.add_tensor(gguf, array, raw_dtype=raw)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.link(tmp, target)  # fails if target appeared meanwhile: never overwrite
+    finally:
+        tmp.unlink(missing_ok=True)
+    kinds = {g: k for g, (k, _, _) in plan.items()}
+    block = [g for g in kinds if g.startswith("blk.") and not g.endswith("norm.weight")]
+    sizes = gguf_types(model, cfg, ternary=ternary, float_type=float_type)
+    n = sum(math.prod(sizes[g][1]) for g in block)
+    bits = sum(BITS_PER_WEIGHT[kinds[g]] * math.prod(sizes[g][1]) for g in block) / n
+    return GGUFExport(target, target.stat().st_size, cfg.name, kinds, bits)
+
+
+def _rms_eps() -> float:
+    from stejax.lm._model import RMS_EPS
+
+    return RMS_EPS
+
+
+def read_gguf(path: str | os.PathLike) -> dict[str, np.ndarray]:
+    """Every tensor of a GGUF file dequantised by gguf-py's reader: name -> float32 array in ggml's ``(out, in)``.
+
+    The round trip of :func:`export_gguf`: each block kernel equals stejax's
+    dequantised kernel (transposed) up to float16's rounding of the scale.
+    """
+    from gguf import GGUFReader
+    from gguf.quants import dequantize
+
+    reader = GGUFReader(path)
+    out = {}
+    for tensor in reader.tensors:
+        shape = tuple(int(s) for s in reversed(tensor.shape))
+        values = dequantize(np.asarray(tensor.data), tensor.tensor_type)
+        out[tensor.name] = np.asarray(values, np.float32).reshape(shape)
+    return out
