@@ -23,9 +23,6 @@ from stejax.lm._corpus import check_disjoint as check_disjoint
 from stejax.lm._corpus import split_of as split_of
 from stejax.lm._decode import Decoding as Decoding
 from stejax.lm._decode import decode as decode
-from stejax.lm._lowbit import LowBitLinear as LowBitLinear
-from stejax.lm._lowbit import LowBitLM as LowBitLM
-from stejax.lm._lowbit import load_lowbit as load_lowbit
 from stejax.lm._gguf import BITS_PER_WEIGHT as BITS_PER_WEIGHT
 from stejax.lm._gguf import GGUFError as GGUFError
 from stejax.lm._gguf import GGUFExport as GGUFExport
@@ -39,6 +36,9 @@ from stejax.lm._llamacpp import llamacpp_greedy as llamacpp_greedy
 from stejax.lm._llamacpp import llamacpp_logits as llamacpp_logits
 from stejax.lm._llamacpp import llamacpp_rows as llamacpp_rows
 from stejax.lm._llamacpp import load_llama as load_llama
+from stejax.lm._lowbit import LowBitLinear as LowBitLinear
+from stejax.lm._lowbit import LowBitLM as LowBitLM
+from stejax.lm._lowbit import load_lowbit as load_lowbit
 from stejax.lm._model import LLAMA as LLAMA
 from stejax.lm._model import LayerCache as LayerCache
 from stejax.lm._model import LMConfig as LMConfig
