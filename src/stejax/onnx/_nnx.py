@@ -35,7 +35,7 @@ class _Q:
 
     path: str  # the site's path and operand, for messages
     kind: str  # "uniform" | "sign" | "ternary" (thresholded)
-    scale: np.ndarray  # float32, scalar or per channel along ``axis``
+    scale: Any  # float32 NumPy value, scalar or per channel along ``axis``
     zero_point: int
     lo: int
     hi: int
@@ -113,6 +113,7 @@ def _weights(path: str, quant: Any, learned: dict[str, Any], w: np.ndarray, axis
         raise _fail(path, name, "per-group weight scales are not exported")
     y = np.asarray(quant.apply(jnp.asarray(w), learned, role="weights", key=None, contraction_axis=axis), np.float32)
     ch = params.get("axis")
+    scale: Any
     if name == "lsq":
         from stejax.estimators.uniform import lsq_levels
 
@@ -388,29 +389,29 @@ def _lower_eqn(low: _Lowering, eqn: Any, ins: list[_T]) -> list[_T]:
         pred, on_false, on_true = (low.tensor(v, f"{hint}/c") for v in ins)
         return [_T(g.node("Where", [pred, on_true, on_false], hint), shape=shape)]
     if name == "broadcast_in_dim":
-        x = ins[0]
+        v = ins[0]
         dims = params["broadcast_dimensions"]
         ones = [1] * len(shape)
-        for d, size in zip(dims, x.shape, strict=True):
+        for d, size in zip(dims, v.shape, strict=True):
             ones[d] = size
-        if x.name is None and x.const is not None:  # ONNX broadcasting does the rest
-            return [_T(const=x.const.reshape(ones), shape=tuple(ones))]
-        if list(x.shape) == [s for i, s in enumerate(ones) if i in dims] and all(
-            shape[i] == 1 or i in dims for i in range(len(shape))
-        ):
-            new = g.node("Reshape", [x.name, g.const(f"{hint}/shape", _dynamic(ones, low.batch), np.int64)], hint)
+        if v.const is not None:  # ONNX broadcasting does the rest
+            return [_T(const=v.const.reshape(ones), shape=tuple(ones))]
+        if v.quant is None and all(shape[i] == 1 or i in dims for i in range(len(shape))):
+            target = g.const(f"{hint}/shape", _dynamic(ones, low.batch), np.int64)
+            new = g.node("Reshape", [low.tensor(v, hint), target], hint)
             return [_T(new, shape=tuple(ones))]
-    if name == "reshape" and ins[0].name is not None:
+    tensor_in = bool(ins) and ins[0].const is None and ins[0].quant is None
+    if name == "reshape" and tensor_in:
         if shape and shape[0] == low.batch and ins[0].shape and ins[0].shape[0] == low.batch:
-            target = [0, *shape[1:]]
-            return [_T(g.node("Reshape", [ins[0].name, g.const(f"{hint}/shape", target, np.int64)], hint), shape=shape)]
-    if name == "transpose" and ins[0].name is not None:
+            keep_batch = g.const(f"{hint}/shape", [0, *shape[1:]], np.int64)
+            return [_T(g.node("Reshape", [low.tensor(ins[0], hint), keep_batch], hint), shape=shape)]
+    if name == "transpose" and tensor_in:
         perm = list(params["permutation"])
-        return [_T(g.node("Transpose", [ins[0].name], hint, perm=perm), shape=shape)]
-    if name in ("reduce_sum", "reduce_max", "reduce_min") and ins[0].name is not None:
+        return [_T(g.node("Transpose", [low.tensor(ins[0], hint)], hint, perm=perm), shape=shape)]
+    if name in ("reduce_sum", "reduce_max", "reduce_min") and tensor_in:
         op = {"reduce_sum": "ReduceSum", "reduce_max": "ReduceMax", "reduce_min": "ReduceMin"}[name]
         axes = g.const(f"{hint}/axes", list(params["axes"]), np.int64)
-        return [_T(g.node(op, [ins[0].name, axes], hint, keepdims=0), shape=shape)]
+        return [_T(g.node(op, [low.tensor(ins[0], hint), axes], hint, keepdims=0), shape=shape)]
     raise OnnxExportError(
         f"{_where(eqn)}: the operation {name!r} (on shapes {[v.shape for v in ins]}) is not lowered to ONNX; "
         "nothing was written."
@@ -435,13 +436,15 @@ def _dot(low: _Lowering, eqn: Any, ins: list[_T], shape: tuple[int, ...]) -> _T:
     hint = "matmul"
     if rhs.quant is not None:
         q = rhs.quant
+        assert q.codes is not None  # a quantised constant has its codes
         codes = q.codes.T if transpose else q.codes
         axis = None if q.axis is None else (1 - q.axis if transpose else q.axis)
         w = low.dequantized_const(q, codes, hint, axis=axis)
     elif rhs.const is not None:
         w = g.const(f"{hint}/w", rhs.const.T if transpose else rhs.const, np.float32)
     else:
-        w = rhs.name if not transpose else g.node("Transpose", [rhs.name], f"{hint}/wT", perm=[1, 0])
+        w = low.tensor(rhs, hint)
+        w = w if not transpose else g.node("Transpose", [w], f"{hint}/wT", perm=[1, 0])
     if len(lhs.shape) == 2:
         # A rank-3 product: a rank-2 MatMul followed by an Add is fused into a float Gemm (ORT level 1)
         # before its QDQ fusion (level 2) could run it as an integer kernel. The codes are reshaped, before
