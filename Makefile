@@ -4,11 +4,21 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test lint docs bench clean
+.PHONY: setup demo test lint docs bench clean llamacpp
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml requirements/constraints.txt
+# llama-cpp-python (the gguf extra) compiles llama.cpp from source: minutes on 2 cores, once (pip's wheel cache
+# keeps the build). Its own target, which setup (and so `make test`) depends on, so it can be built ahead.
+LLAMACPP := $(VENV)/.llamacpp
+llamacpp: $(LLAMACPP)
+
+$(LLAMACPP): requirements/constraints.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet -c requirements/constraints.txt llama-cpp-python
+	touch $(LLAMACPP)
+
+$(STAMP): pyproject.toml requirements/constraints.txt $(LLAMACPP)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -c requirements/constraints.txt -e ".[test]"
