@@ -8,7 +8,7 @@ from typing import Any
 
 __all__ = ["record"]
 
-COLUMNS = [
+COLUMNS: list[tuple[str, str] | tuple[str, str, str]] = [
     ("variant", "variant"),
     ("codebook_size", "K"),
     ("code_dim", "d"),
@@ -31,13 +31,21 @@ def _text(key: str, value: float) -> str:
     return _FORMATS["usage"].format(value)
 
 
-def record(report: dict[str, Any], path: str | os.PathLike[str], *, command: str, name: str = "vq_compare") -> Path:
+def record(
+    report: dict[str, Any],
+    path: str | os.PathLike[str],
+    *,
+    command: str,
+    name: str = "vq_compare",
+    **provenance: Any,
+) -> Path:
     """Write the results file of a :func:`stejax.vq.compare` report with :class:`stejax.bench.results.Recorder`.
 
     Rows: the summary (one per variant, ``K`` and ``d``, means over seeds; the
     per-seed rows stay in the run's ``report.json``). Figures: every judged target
     (its value, the target in words, met or missed) and the speed run's figures
-    when the report has them (``seconds``, ``compiles``).
+    when the report has them (``seconds``, ``compiles``). ``provenance`` goes to
+    :meth:`~stejax.bench.results.Recorder.write` (``date``, ``load`` of a run merged later).
     """
     from stejax.bench.results import Figure, Recorder
 
@@ -55,7 +63,7 @@ def record(report: dict[str, Any], path: str | os.PathLike[str], *, command: str
     rows = [{k: e[k] for k, *_ in COLUMNS} | {"seeds": e["seeds"]} for e in report["summary"]]
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    rec.write(out, rows=rows, columns=COLUMNS, figures=figures, notes=_notes(report))
+    rec.write(out, rows=rows, columns=COLUMNS, figures=figures, notes=_notes(report), **provenance)
     return out
 
 
