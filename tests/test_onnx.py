@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 
 import jax
@@ -12,10 +13,15 @@ import pytest
 from flax import nnx
 from safetensors.numpy import load_file
 
+import artifact_runs
+import stejax.model
 from artifact_runs import pristine
 from stejax.artifacts import ArtifactError
+from stejax.data import Normalizer
+from stejax.export import export_model
 from stejax.flax import Quant, Rule, calibrate, quantize_model
 from stejax.onnx import INTEGER_OPS, OnnxExportError, export_nnx, export_onnx, integer_op_count, optimized_ops, session
+from stejax.onnx._export import write_digits
 
 # Products ONNX Runtime must run on integer kernels; float MatMul/Conv/Gemm must be gone from them.
 FLOAT_PRODUCTS = ("MatMul", "Gemm", "Conv", "FusedConv", "FusedMatMul", "FusedGemm")
@@ -25,9 +31,31 @@ def _logits(art, x):
     return np.asarray(art.model.apply(art.model.weights, x))
 
 
-@pytest.mark.parametrize(("preset", "model"), [("w4a4", "mlp"), ("w2a2", "mlp"), ("w8a8", "cnn")])
-def test_digits_parity_and_integer_kernels(tmp_path, preset, model):
-    art = pristine(preset, model, regression=model == "mlp")
+def _integer_ops_only(path, model):
+    ops = optimized_ops(path)
+    assert integer_op_count(ops) == sum(layer.integer for layer in model.layers) == len(model.layers), ops
+    assert not any(ops[op] for op in FLOAT_PRODUCTS), ops
+
+
+@pytest.mark.parametrize("preset", ["w8a8", "w4a4", "w1a1"])
+def test_digits_cnn_parity_and_integer_kernels(tmp_path, preset):
+    # Parity does not depend on training: freshly initialised weights, exported and checked bit for bit.
+    splits = artifact_runs.splits()
+    model_config = dataclasses.replace(artifact_runs.TINY_CNN, preset=preset).model_config(splits.train)
+    qc = stejax.model.preset(preset)
+    params = stejax.model.init_params(jax.random.key(0), model_config, qc)
+    model = export_model(params, model_config, qc, Normalizer.fit(splits.train.x))
+    path = write_digits(model, tmp_path / "cnn.onnx", float_model=False, metadata={})
+    x = np.asarray(splits.test.x, np.float32)
+    got, want = session(path).run(None, {"features": x})[0], np.asarray(model.apply(model.weights, x))
+    assert (got.argmax(1) == want.argmax(1)).all()
+    assert np.abs(got - want).max() == 0.0
+    _integer_ops_only(path, model)
+
+
+@pytest.mark.parametrize("preset", ["w4a4", "w2a2"])
+def test_digits_parity_and_integer_kernels(tmp_path, preset):
+    art, model = pristine(preset, "mlp"), "mlp"
     out = export_onnx(art.path, tmp_path / "model.onnx")
     run = session(out.path)
     # The test split (the artifact's parity evidence): bit for bit. Both run the same int32 accumulators
@@ -48,10 +76,7 @@ def test_digits_parity_and_integer_kernels(tmp_path, preset, model):
             # fl(1/s) (an ulp off the tie, rounded the other way), so a first-layer code may differ by one
             # there; each such code moves a first-layer output by s_a * s_w * |q_w|. Stated bound: 0.5.
             assert np.abs(got - want).max() <= (0.5 if name.startswith("boundary") else 0.0), name
-    ops = optimized_ops(out.path)
-    integer_layers = sum(layer.integer for layer in art.model.layers)
-    assert integer_op_count(ops) == integer_layers == len(art.model.layers), ops
-    assert not any(ops[op] for op in FLOAT_PRODUCTS), ops
+    _integer_ops_only(out.path, art.model)
     props = {p.key: p.value for p in onnx.load(str(out.path)).metadata_props}
     assert props["stejax.source_artifact"] == art.id
     assert props["stejax.source_weights_sha256"] == art.manifest["files"]["weights.safetensors"]["sha256"]
@@ -174,5 +199,5 @@ def test_cli_export_format_onnx(tmp_path):
     assert "3 integer products" in text and art.id[:12] in text
     again = CliRunner().invoke(main, ["export", "--format", "onnx", str(art.path), str(out)])
     assert again.exit_code == 1 and "never overwritten" in again.output
-    wrong = CliRunner().invoke(main, ["export", "--float", str(art.path), "--out", str(tmp_path / "a")])
+    wrong = CliRunner().invoke(main, ["export", "--float", str(art.path), str(tmp_path / "a")])
     assert wrong.exit_code == 2 and "go with --format onnx" in wrong.output

@@ -65,21 +65,13 @@ def _cnn(preset_name: str) -> tuple[Any, np.ndarray]:
 
 
 def _digits_files(model: Any, tmp: Path, name: str) -> dict[str, Path]:
-    from stejax.onnx._digits import digits_graph, weight_format_name
-    from stejax.onnx._graph import save_model
+    from stejax.onnx._digits import weight_format_name
+    from stejax.onnx._export import write_digits
 
     out = {}
-    from onnx import TensorProto
-
     for float_model in (False, True):
-        graph, logits = digits_graph(model, float_model=float_model)
-        proto = graph.model(
-            [("features", TensorProto.FLOAT, ("batch", model.input_shape[0]))],
-            [(logits, TensorProto.FLOAT, ("batch", model.n_classes))],
-            {"stejax.benchmark": name},
-        )
         fmt = weight_format_name(model, float_model=float_model)
-        out[fmt] = save_model(proto, tmp / f"{name}-{fmt}.onnx")
+        out[fmt] = write_digits(model, tmp / f"{name}-{fmt}.onnx", float_model=float_model, metadata={})
     return out
 
 

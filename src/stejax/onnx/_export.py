@@ -13,7 +13,7 @@ from typing import Any
 from stejax.onnx._digits import digits_graph, weight_format_name
 from stejax.onnx._graph import save_model
 
-__all__ = ["OnnxExport", "export_onnx", "load_source"]
+__all__ = ["OnnxExport", "export_onnx", "load_source", "write_digits"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,23 +120,32 @@ def export_onnx(
         raise FileExistsError(f"{out} exists; an exported ONNX file is never overwritten.")
     artifact = load_source(source, trusted_keys=trusted_keys)
     model = artifact.model
-    graph, logits = digits_graph(model, float_model=float_model)
     weights = weight_format_name(model, float_model=float_model)
-    from onnx import TensorProto
-
     files = artifact.manifest.get("files", {})
     metadata = {
         "stejax.source_artifact": artifact.id,
         "stejax.source_weights_sha256": str(files.get("weights.safetensors", {}).get("sha256", "")),
         "stejax.quantization": str(artifact.manifest.get("quantization", {}).get("preset", "")),
-        "stejax.weights": weights,
+    }
+    path = write_digits(model, out, float_model=float_model, metadata=metadata)
+    metadata = {**metadata, "stejax.weights": weights, "stejax.graph": "float" if float_model else "qdq"}
+    return OnnxExport(path, artifact.id, weights, path.stat().st_size, metadata)
+
+
+def write_digits(model: Any, out: str | os.PathLike, *, float_model: bool, metadata: dict[str, str]) -> Path:
+    """Write an :class:`stejax.export.ExportedModel` (already verified) as an ONNX file; ``metadata`` is added."""
+    from onnx import TensorProto
+
+    graph, logits = digits_graph(model, float_model=float_model)
+    props = {
+        **metadata,
+        "stejax.weights": weight_format_name(model, float_model=float_model),
         "stejax.graph": "float" if float_model else "qdq",
     }
     proto = graph.model(
         [("features", TensorProto.FLOAT, ("batch", model.input_shape[0]))],
         [(logits, TensorProto.FLOAT, ("batch", model.n_classes))],
-        metadata,
+        props,
         doc="stejax digits model: raw float32 features in, float32 logits out.",
     )
-    path = save_model(proto, out)
-    return OnnxExport(path, artifact.id, weights, path.stat().st_size, metadata)
+    return save_model(proto, out)
