@@ -210,8 +210,8 @@ def test_the_estimators_suite_compares_ours_with_both_forms(quick_run):
 def test_the_train_suite_times_every_preset_against_float(quick_run):
     (group,) = quick_run[0]["suites"]["train"]["groups"]
     variants = list(group["variants"])
-    bare = [f"{p} (no statistics)" for p in ("float", "w8a8", "w4a4")]  # the step without its statistics
-    assert [v for v in variants if v not in bare] == list(PRESETS) and set(bare) <= set(variants)
+    full = [f"{p} (with statistics)" for p in ("float", "w8a8", "w4a4")]  # the update with its statistics
+    assert [v for v in variants if v not in full] == list(PRESETS) and set(full) <= set(variants)
     assert group["baseline"] == "float"
     assert set(group["ratios"]) == {f"{v}/float" for v in variants if v != "float"}
 
@@ -226,13 +226,11 @@ def test_the_inference_suite_has_float_fake_quant_and_integer(quick_run):
 
 def test_the_peers_suite_runs_qwix_with_quantised_products(quick_run):
     suite = quick_run[0]["suites"]["peers"]
-    group = suite["groups"][0]  # then the spiking peer's groups (tests/test_snn_peers.py)
+    group, cnn = suite["groups"][:2]  # then the spiking peer's groups (tests/test_snn_peers.py)
     assert set(group["variants"]) == {
         "stejax float",
         "stejax w8a8",
-        "stejax w8a8 (no statistics)",
-        "stejax float (train step)",
-        "stejax w8a8 (train step)",
+        "stejax w8a8 (with statistics)",
         "stejax int8",
         "stejax int8 (integer products)",
         "flax float",
@@ -242,9 +240,11 @@ def test_the_peers_suite_runs_qwix_with_quantised_products(quick_run):
         "qwix int8/stejax w8a8",
         "stejax int8/qwix int8",
         "stejax int8 (integer products)/qwix int8",
-        "stejax w8a8 (no statistics)/stejax w8a8",
-        "stejax w8a8 (train step)/stejax float (train step)",
+        "stejax w8a8 (with statistics)/stejax w8a8",
+        "stejax w8a8/stejax float",
     } <= set(group["ratios"])
+    assert set(cnn["variants"]) == {"stejax int8", "flax float", "qwix int8"}
+    assert "stejax int8/qwix int8" in cnn["ratios"] and cnn["info"]["qwix_quantised_dot_generals"] > 0
     assert group["info"]["qwix_quantised_dot_generals"] > 0
     assert any("AQT" in note for note in suite["notes"])
 

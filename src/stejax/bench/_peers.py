@@ -32,14 +32,12 @@ def peers_suite(*, repeats: int, warmup: int, quick: bool) -> dict[str, Any]:
     batch (64; ``quick``: 32) and the same optax optimiser object
     (:func:`stejax.train.make_optimizer`: Adam, warm-up and cosine decay). Variants:
 
-    * ``stejax float``, ``stejax w8a8``: :func:`stejax.train.update` jitted (the
-      ``w8a8`` preset: 8-bit LSQ weights and inputs in every layer, learned steps);
-      ``stejax w8a8 (no statistics)``: the same step with ``statistics=False``
-      (no zero-gradient fractions; the finite flag stays), the step
-      :func:`stejax.train.train` takes on every batch but an epoch's last;
-      ``stejax float (train step)``, ``stejax w8a8 (train step)``: the program
-      :func:`stejax.train.train` runs (:func:`stejax.train.compiled_train_step`
-      with ``log`` False, as on every batch but an epoch's last);
+    * ``stejax float``, ``stejax w8a8``: the step :func:`stejax.train.train` takes
+      on every batch but an epoch's last (:func:`stejax.train.compiled_train_step`
+      with ``log`` False: ``update(..., statistics=False)``; the ``w8a8`` preset:
+      8-bit LSQ weights and inputs in every layer, learned steps); ``stejax w8a8
+      (with statistics)``: the same update with every quantiser's zero-gradient
+      fraction (``statistics=True``);
     * ``stejax int8``: Qwix's scheme built from the catalog on the functional
       pipeline: :func:`stejax.fake_quant` with :func:`stejax.absmax_scale`, int8
       weights per output channel and int8 inputs per tensor, both scales
@@ -51,6 +49,10 @@ def peers_suite(*, repeats: int, warmup: int, quick: bool) -> dict[str, Any]:
       activations (absmax, one scale per tensor as ``stejax int8``, where Qwix's
       default is one per example), scales recomputed every step, int8 products,
       straight-through in the backward pass (the float product's gradient).
+
+    A second group (:func:`cnn_group`) times the same int8 scheme on the digits CNN:
+    ``stejax int8`` as a functional step beside ``qwix int8`` and ``flax float`` on
+    :class:`stejax.flax.models.DigitsCNN`.
 
     Flax and Qwix run under JAX's standard dtype and rank promotion (they are
     written for it; stejax's own code runs strict).
@@ -71,6 +73,8 @@ def peers_suite(*, repeats: int, warmup: int, quick: bool) -> dict[str, Any]:
         }
     group, mlp_notes, config = mlp_group(repeats=repeats, warmup=warmup, quick=quick)
     notes += mlp_notes
+    cnn, cnn_notes = cnn_group(repeats=repeats, warmup=warmup, quick=quick)
+    notes += cnn_notes
     # The spiking peer (Spyx): a two-layer LIF training step per T, beside stejax.snn's.
     from stejax.bench._peers_snn import snn_peer_groups
 
@@ -96,7 +100,7 @@ def peers_suite(*, repeats: int, warmup: int, quick: bool) -> dict[str, Any]:
             "flax": importlib.metadata.version("flax"),
             "qwix": importlib.metadata.version("qwix"),
         },
-        "groups": [group, *snn_groups, *rules_groups, *lm_groups],
+        "groups": [group, cnn, *snn_groups, *rules_groups, *lm_groups],
         "notes": notes,
     }
 
@@ -104,7 +108,7 @@ def peers_suite(*, repeats: int, warmup: int, quick: bool) -> dict[str, Any]:
 def mlp_group(*, repeats: int, warmup: int, quick: bool) -> tuple[dict[str, Any], list[str], Any]:
     """The functional-pipeline group of :func:`peers_suite` (its variants, described there), and its notes.
 
-    Also run alone, with more rounds, by ``benchmarks/qat_step_int8.py``.
+    Also timed in CPU time, with more rounds, by ``benchmarks/qat_step.py``.
 
     Returns:
       ``(group, notes, config)``: the :func:`stejax.bench.compare` record, the
@@ -122,10 +126,15 @@ def mlp_group(*, repeats: int, warmup: int, quick: bool) -> tuple[dict[str, Any]
     return group, notes, config
 
 
-def mlp_calls(*, quick: bool) -> tuple[dict[str, Any], list[tuple[str, str]], dict[str, Any], list[str], Any]:
+def mlp_calls(
+    *, quick: bool, programs: dict[str, Any] | None = None
+) -> tuple[dict[str, Any], list[tuple[str, str]], dict[str, Any], list[str], Any]:
     """The calls :func:`mlp_group` times, untimed: ``(calls, ratios, info, notes, config)``.
 
-    ``benchmarks/qat_step_int8.py --cpu`` times the same calls in CPU time.
+    ``benchmarks/qat_step.py`` times the same calls in CPU time. With ``programs``
+    (a dict), each variant's program is stored there by name, for its compiled
+    HLO: ``(jitted function, arguments)``, or the compiled text for the Flax
+    and Qwix steps.
     """
     import optax
     import qwix
@@ -150,26 +159,27 @@ def mlp_calls(*, quick: bool) -> tuple[dict[str, Any], list[tuple[str, str]], di
     sizes = (model_config.in_features, *model_config.hidden, model_config.n_classes)
 
     calls = {}
+    programs = {} if programs is None else programs
     batch = Batch(x, y)
     for name in ("float", "w8a8"):
         qc = preset(name)
         params = init_params(jax.random.key(0), model_config, qc)
-        step = compiled_update(model_config, qc, optimizer)
         state = optimizer.init(params)
-        calls[f"stejax {name}"] = lambda step=step, p=params, s=state: step(p, s, batch, None)
-        if name == "w8a8":
-            bare = compiled_update(model_config, qc, optimizer, statistics=False)
-            calls["stejax w8a8 (no statistics)"] = lambda step=bare, p=params, s=state: step(p, s, batch, None)
-        # The program stejax.train.train runs, as on every batch but an epoch's last (log False).
+        # The step stejax.train.train takes on every batch but an epoch's last (log False): the update alone.
         train_step = compiled_train_step(model_config, qc, optimizer)
-        calls[f"stejax {name} (train step)"] = lambda step=train_step, p=params, s=state: step(p, s, batch, None, False)
+        calls[f"stejax {name}"] = lambda step=train_step, p=params, s=state: step(p, s, batch, None, False)
+        programs[f"stejax {name}"] = (train_step.update, (params, state, batch, None))
+        if name == "w8a8":
+            full = compiled_update(model_config, qc, optimizer)
+            calls["stejax w8a8 (with statistics)"] = lambda step=full, p=params, s=state: step(p, s, batch, None)
+            programs["stejax w8a8 (with statistics)"] = (full, (params, state, batch, None))
     # Qwix's scheme from the catalog: the same weights as stejax float, quantised in the step.
     int8_params = init_params(jax.random.key(0), model_config, preset("float"))
-    int8_step = _int8_step(optimizer)
     int8_state = optimizer.init(int8_params)
-    calls["stejax int8"] = lambda step=int8_step, p=int8_params, s=int8_state: step(p, s, x, y)
-    int_step = _int8_step(optimizer, integer_products=True)
-    calls["stejax int8 (integer products)"] = lambda step=int_step, p=int8_params, s=int8_state: step(p, s, x, y)
+    for label, integer_products in (("stejax int8", False), ("stejax int8 (integer products)", True)):
+        int8_step = _int8_step(optimizer, integer_products=integer_products)
+        calls[label] = lambda step=int8_step, p=int8_params, s=int8_state: step(p, s, x, y)
+        programs[label] = (int8_step, (int8_params, int8_state, x, y))
 
     class MLP(nnx.Module):
         def __init__(self, sizes: tuple[int, ...], rngs: nnx.Rngs):
@@ -192,19 +202,23 @@ def mlp_calls(*, quick: bool) -> tuple[dict[str, Any], list[tuple[str, str]], di
             qwix_model = qwix.quantize_model(float_model, qwix_per_tensor_provider(rules), x)
         # Outside standard_promotion: the promotion mode is part of jit's trace cache key,
         # and the timed calls run in the caller's mode.
-        calls.update(nnx_steps(nnx, optax, optimizer, {"flax float": float_model, "qwix int8": qwix_model}, x, y))
+        compiled: dict[str, str] = {}
+        calls.update(
+            nnx_steps(
+                nnx, optax, optimizer, {"flax float": float_model, "qwix int8": qwix_model}, x, y, compiled=compiled
+            )
+        )
+        programs.update(compiled)
     notes = sorted({f"{w.category.__name__} from a peer library: {' '.join(str(w.message).split())}" for w in caught})
 
     ratios = [
         ("stejax int8", "qwix int8"),
         ("stejax int8 (integer products)", "qwix int8"),
         ("stejax int8 (integer products)", "stejax int8"),
-        ("stejax w8a8 (no statistics)", "stejax w8a8"),
+        ("stejax w8a8", "stejax float"),
+        ("stejax w8a8 (with statistics)", "stejax w8a8"),
         ("qwix int8", "stejax w8a8"),
         ("flax float", "stejax float"),
-        ("stejax w8a8", "stejax float"),
-        ("stejax w8a8 (no statistics)", "stejax float"),
-        ("stejax w8a8 (train step)", "stejax float (train step)"),
         ("qwix int8", "flax float"),
     ]
     info = {
@@ -225,13 +239,12 @@ def mlp_calls(*, quick: bool) -> tuple[dict[str, Any], list[tuple[str, str]], di
         "the same codes, multiplied as int8 x int8 -> int32 by dot_general (as Qwix's forward) and rescaled once; "
         "the gradient is the fake-quant composition's (clipped straight-through on each operand, dequantised "
         "operands), as stejax int8's",
-        "stejax w8a8 (no statistics)": "stejax w8a8 with update(..., statistics=False): no zero-gradient "
-        "fractions, the finite flag over parameters, loss and gradient (train's step on all but an epoch's "
-        "last batch)",
+        "stejax float, stejax w8a8": "stejax.train.compiled_train_step(...)(params, opt_state, batch, None, "
+        "False): the step stejax.train.train takes on every batch but an epoch's last, update(..., "
+        "statistics=False) (the finite flag over parameters, loss and gradient, no zero-gradient fractions)",
+        "stejax w8a8 (with statistics)": "stejax w8a8's update with the zero-gradient fractions of every "
+        "quantiser (update(..., statistics=True)): what they would cost on every step",
         "qwix_quantised_dot_generals": calls.pop("_quantised_dots"),
-        "stejax w8a8 (train step)": "stejax.train.compiled_train_step(...)(params, opt_state, batch, None, "
-        "False): the program stejax.train.train runs, on every batch but an epoch's last (log False); compared "
-        "with stejax float's same program",
         "differences": "stejax's update also computes a finite flag (and, with statistics, the zero-gradient "
         "fractions); stejax int8 and Qwix int8 compute neither. The gradients differ: stejax int8 applies the "
         "catalog's clipped straight-through estimator to each operand (the product's gradient taken with the "
@@ -241,6 +254,118 @@ def mlp_calls(*, quick: bool) -> tuple[dict[str, Any], list[tuple[str, str]], di
         "promotion",
     }
     return calls, ratios, info, notes, config
+
+
+def cnn_group(*, repeats: int, warmup: int, quick: bool) -> tuple[dict[str, Any], list[str]]:
+    """The functional int8 step on the digits CNN against Qwix's, interleaved: ``(group, notes)``."""
+    calls, ratios, info, notes = cnn_calls(quick=quick)
+    group = compare(
+        f"int8 QAT training step, digits CNN, batch {info['batch_size']}",
+        calls,
+        repeats=repeats,
+        warmup=warmup,
+        ratios=ratios,
+        info=info,
+    )
+    return group, notes
+
+
+def cnn_calls(
+    *, quick: bool, programs: dict[str, Any] | None = None
+) -> tuple[dict[str, Any], list[tuple[str, str]], dict[str, Any], list[str]]:
+    """The calls :func:`cnn_group` times, untimed: ``(calls, ratios, info, notes)``.
+
+    ``programs`` as for :func:`mlp_calls`.
+    :class:`stejax.flax.models.DigitsCNN` (3x3 convolutions of 16 and 32 channels,
+    the second at stride 2, ReLU, one dense layer; ``quick``: 8 and 16) on a random
+    batch of 64 (``quick``: 16), the reference recipe's Adam: ``flax float``, ``qwix int8`` (as on the
+    MLP, one activation scale per tensor) and ``stejax int8``, the same
+    architecture as a functional step built from the catalog, every kernel and
+    input through :func:`stejax.fake_quant` with :func:`stejax.absmax_scale` (per
+    output channel and per tensor, recomputed every step).
+    """
+    import optax
+    import qwix
+    from flax import nnx
+
+    from stejax.bench._peers_rules import qwix_per_tensor_provider
+    from stejax.flax.models import DigitsCNN
+    from stejax.train import TrainConfig, make_optimizer
+
+    channels = (8, 16) if quick else (16, 32)
+    batch = 16 if quick else 64
+    # The reference recipe's optimiser (Adam, warm-up and cosine decay), one object for every variant.
+    optimizer = make_optimizer(TrainConfig(), 20)
+    key_x, key_y, key_p = jax.random.split(jax.random.key(0), 3)
+    x = jax.random.normal(key_x, (batch, 64))
+    y = jax.random.randint(key_y, (batch,), 0, 10)
+    shapes = [(3, 3, 1, channels[0]), (3, 3, channels[0], channels[1]), (16 * channels[1], 10)]
+    params = [
+        {"w": 0.1 * jax.random.normal(k, shape), "b": jnp.zeros(shape[-1])}
+        for k, shape in zip(jax.random.split(key_p, 3), shapes, strict=True)
+    ]
+    step = _int8_cnn_step(optimizer)
+    state = optimizer.init(params)
+    calls: dict[str, Any] = {"stejax int8": lambda: step(params, state, x, y)}
+    programs = {} if programs is None else programs
+    programs["stejax int8"] = (step, (params, state, x, y))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with standard_promotion():
+            float_model = DigitsCNN(channels, rngs=nnx.Rngs(0))
+            rules = [qwix.QtRule(module_path=".*", weight_qtype=jnp.int8, act_qtype=jnp.int8)]
+            qwix_model = qwix.quantize_model(float_model, qwix_per_tensor_provider(rules), x)
+        compiled: dict[str, str] = {}
+        models = {"flax float": float_model, "qwix int8": qwix_model}
+        calls.update(nnx_steps(nnx, optax, optimizer, models, x, y, compiled=compiled))
+        programs.update(compiled)
+    notes = sorted({f"{w.category.__name__} from a peer library: {' '.join(str(w.message).split())}" for w in caught})
+    info = {
+        "model": f"digits CNN, channels {list(channels)}, strides [1, 2], dense head",
+        "batch_size": batch,
+        "optimizer": "stejax.train.make_optimizer(TrainConfig(), 20): Adam, warm-up and cosine decay, the same "
+        "object for every variant",
+        "stejax int8": "functional step: each convolution and the head compute fake_quant(u, absmax_scale(u, bits=8), "
+        "bits=8) against fake_quant(w, absmax_scale(w, bits=8, axis=-1), bits=8, axis=-1), clipped "
+        "straight-through gradient",
+        "qwix_quantised_dot_generals": calls.pop("_quantised_dots"),
+    }
+    ratios = [("stejax int8", "qwix int8"), ("qwix int8", "flax float"), ("stejax int8", "flax float")]
+    return calls, ratios, info, notes
+
+
+def _int8_cnn_step(optimizer):
+    """A jitted training step of the digits CNN fake-quantised with Qwix's int8 scheme, built from the catalog."""
+    import optax
+
+    from stejax.estimators.calibration import absmax_scale
+    from stejax.estimators.uniform import fake_quant
+
+    def quantised(u, w):
+        u = fake_quant(u, absmax_scale(u, bits=8), bits=8)
+        axis = w.ndim - 1
+        return u, fake_quant(w, absmax_scale(w, bits=8, axis=axis), bits=8, axis=axis)
+
+    def forward(params, x):
+        h = jnp.reshape(x, (x.shape[0], 8, 8, 1))
+        for layer, stride in zip(params[:2], (1, 2), strict=True):
+            u, w = quantised(h, layer["w"])
+            h = jax.lax.conv_general_dilated(
+                u, w, (stride, stride), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")
+            ) + jnp.reshape(layer["b"], (1, 1, 1, -1))
+            h = jax.nn.relu(h)
+        u, w = quantised(jnp.reshape(h, (h.shape[0], -1)), params[2]["w"])
+        return u @ w + params[2]["b"][None, :]
+
+    def loss(params, x, y):
+        return jnp.mean(optax.softmax_cross_entropy_with_integer_labels(forward(params, x), y))
+
+    def step(params, opt_state, x, y):
+        value, grads = jax.value_and_grad(loss)(params, x, y)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, value
+
+    return jax.jit(step)
 
 
 def _int8_step(optimizer, *, integer_products: bool = False):

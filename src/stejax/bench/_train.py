@@ -16,8 +16,8 @@ from stejax.model import PRESETS, init_params, preset
 
 __all__ = ["StepSetup", "step_setup", "train_suite"]
 
-# The presets also timed without the zero-gradient fractions (update(..., statistics=False)).
-BARE = ("float", "w8a8", "w4a4")
+# The presets also timed with the zero-gradient fractions on the step (update(..., statistics=True)).
+WITH_STATISTICS = ("float", "w8a8", "w4a4")
 
 
 class StepSetup(NamedTuple):
@@ -30,7 +30,7 @@ class StepSetup(NamedTuple):
 
 
 def step_setup(*, quick: bool) -> StepSetup:
-    """The recipe, model, batch and optimiser that :func:`train_suite` (and ``benchmarks/train_step_cpu.py``) time.
+    """The recipe, model, batch and optimiser that :func:`train_suite` (and ``benchmarks/qat_step.py``) time.
 
     The default recipe of ``stejax compare`` (the CNN on the digits, batch 64, Adam
     with warm-up and cosine decay, dropout 0.2); ``quick``: a small MLP (one hidden
@@ -51,24 +51,26 @@ def step_setup(*, quick: bool) -> StepSetup:
 
 
 def train_suite(*, repeats: int, warmup: int, quick: bool, presets: Sequence[str] = PRESETS) -> dict[str, Any]:
-    """Time :func:`stejax.train.update`, jitted as :func:`stejax.train.train` runs it, for each preset.
+    """Time the step :func:`stejax.train.train` takes, for each preset.
 
     The recipe is the default one of ``stejax compare`` (the CNN on the digits,
     batch 64, Adam with warm-up and cosine decay, dropout 0.2); ``quick`` uses a
     small MLP (one hidden layer of 16) instead. Every preset steps the same
     training batch from its own freshly initialised parameters, with a fresh
     dropout key per call; the parameters are not carried from call to call, so
-    every call does the same work. ``float``, ``w8a8`` and ``w4a4`` are also
-    timed as ``"<name> (no statistics)"``: the same step without the
-    zero-gradient fractions (``statistics=False``), the step
-    :func:`stejax.train.train` takes on every batch but an epoch's last; both
-    compute the finite flag over the parameters, the loss and the gradient.
+    every call does the same work. Each preset's variant is
+    :func:`stejax.train.compiled_train_step` with ``log`` False, the step
+    ``train`` takes on every batch but an epoch's last (the update, the loss and
+    the finite flag). ``float``, ``w8a8`` and ``w4a4`` are also timed as
+    ``"<name> (with statistics)"``: ``update(..., statistics=True)``, the same
+    step computing every quantiser's zero-gradient fraction as well, what they
+    would cost on every step.
 
     Returns:
       ``{"config", "groups"}``: one group, the variants the presets, each
       compared with ``float`` as per-round ratios.
     """
-    from stejax.train import compiled_update, needs_key
+    from stejax.train import compiled_train_step, compiled_update, needs_key
 
     config, model_config, batch, optimizer = step_setup(quick=quick)
     root = keys.split(jax.random.key(config.seed), len(presets), where="bench train: one key per preset")
@@ -77,17 +79,16 @@ def train_suite(*, repeats: int, warmup: int, quick: bool, presets: Sequence[str
         qat_config = preset(name)
         k_init, k_steps = keys.split(k, where=f"bench train: {name}")
         params = init_params(k_init, model_config, qat_config)
-        step = compiled_update(model_config, qat_config, optimizer)
+        step = compiled_train_step(model_config, qat_config, optimizer)
         opt_state = optimizer.init(params)
         n = warmup + repeats
         step_keys = list(keys.split(k_steps, n)) if needs_key(model_config, train=True) else [None] * n
         stream = itertools.cycle(step_keys)
-        calls[name] = lambda step=step, p=params, s=opt_state, it=stream: step(p, s, batch, next(it))
-        if name in BARE:
-            # The same step without the zero-gradient fractions (the finite flag stays): what they cost.
-            bare = compiled_update(model_config, qat_config, optimizer, statistics=False)
+        calls[name] = lambda step=step, p=params, s=opt_state, it=stream: step(p, s, batch, next(it), False)
+        if name in WITH_STATISTICS:
+            full = compiled_update(model_config, qat_config, optimizer)
             stream = itertools.cycle(step_keys)
-            calls[f"{name} (no statistics)"] = lambda step=bare, p=params, s=opt_state, it=stream: step(
+            calls[f"{name} (with statistics)"] = lambda step=full, p=params, s=opt_state, it=stream: step(
                 p, s, batch, next(it)
             )
     baseline = "float" if "float" in calls else None
@@ -101,7 +102,8 @@ def train_suite(*, repeats: int, warmup: int, quick: bool, presets: Sequence[str
         "batch_size": config.batch_size,
         "optimizer": f"{config.optimizer}, {config.schedule}, lr {config.learning_rate}",
         "dropout": config.dropout,
-        "what": "stejax.train.update under jax.jit (compiled_update): forward, loss, gradient, optimiser step",
+        "what": "stejax.train.compiled_train_step with log False (update(..., statistics=False) jitted): forward, "
+        "loss, gradient, optimiser step, finite flag",
         "presets": {name: preset(name).describe() for name in presets},
     }
     group = compare(
