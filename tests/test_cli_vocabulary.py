@@ -20,6 +20,7 @@ from stejax.cli import main
 # Old spelling -> new spelling, by command (a new spelling in capitals is a positional argument).
 RENAMES = {
     ("compare", "--timing-repeats"): "--repeats",
+    ("export", "--out"): "OUT",
     ("diagnose", "--run"): "RUN",
     ("serve", "--artifact"): "ARTIFACT",
     ("lm train", "--config"): "--preset",
@@ -118,6 +119,7 @@ def test_runs_and_artifacts_are_positional():
         ("lm sample", "artifact_dir"),
         ("lm export", "run"),
         ("lm export", "out"),
+        ("export", "out"),
     ]:
         (param,) = [p for p in COMMANDS[path].params if p.name == name]
         assert isinstance(param, click.Argument), (path, name)

@@ -14,7 +14,14 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from stejax.cli._common import artifact_dir_argument, existing_file, out_dir_option, registry_option, run_dir_argument
+from stejax.cli._common import (
+    artifact_dir_argument,
+    deprecated_option,
+    directory,
+    existing_file,
+    out_dir_option,
+    registry_option,
+)
 
 __all__ = ["artifact_group", "export_command", "regress_group"]
 
@@ -95,9 +102,9 @@ def _split_dtypes(text: str | None) -> tuple[str, ...] | None:
 
 
 @click.command("export", short_help="Export a trained run to an integer artifact (or an ONNX file), checked.")
-@run_dir_argument()
-@click.argument("onnx_out", metavar="[OUT.onnx]", required=False, type=click.Path(dir_okay=False, path_type=Path))
-@out_dir_option("The artifact to write (--format artifact).", required=False)
+@click.argument("run_dir", metavar="RUN_OR_ARTIFACT", type=directory(exists=True))
+@click.argument("out", metavar="OUT", required=False, type=click.Path(path_type=Path))
+@deprecated_option("--out", "out", required=True, type=directory())
 @click.option("--parent", default=None, metavar="DIR|ID", help="The parent artifact (its directory or id).")
 @click.option(
     "--format",
@@ -105,7 +112,7 @@ def _split_dtypes(text: str | None) -> tuple[str, ...] | None:
     type=click.Choice(["artifact", "onnx"]),
     default="artifact",
     show_default=True,
-    help="artifact: a verified stejax artifact (--out DIR); onnx: an ONNX file OUT.onnx for ONNX Runtime (QDQ).",
+    help="artifact: OUT is a verified stejax artifact directory; onnx: OUT is an ONNX file for ONNX Runtime (QDQ).",
 )
 @click.option(
     "--float",
@@ -122,8 +129,7 @@ def _split_dtypes(text: str | None) -> tuple[str, ...] | None:
 )
 def export_command(
     run_dir: Path,
-    onnx_out: Path | None,
-    out: Path | None,
+    out: Path,
     parent: str | None,
     export_format: str,
     float_model: bool,
@@ -137,23 +143,22 @@ def export_command(
     (atomically) only when every prediction agrees and every logit is within
     the stated bound.
 
-    With ``--format onnx RUN_OR_ARTIFACT OUT.onnx``: the verified artifact (or
-    the run, exported to one first) as an ONNX file that ONNX Runtime runs on
-    its integer kernels; ``--float`` writes the float32 network instead.
+    With --format onnx, RUN_OR_ARTIFACT may also be a verified artifact, and OUT
+    is an ONNX file (model.onnx) that ONNX Runtime runs on its integer kernels
+    (a run is exported to an artifact first); --float writes the float32
+    network instead.
     """
     from stejax.artifacts import save_artifact
     from stejax.export import export_run
 
     if export_format == "onnx":
-        _export_onnx(run_dir, onnx_out, float_model=float_model, trust_keys=trust_keys)
+        _export_onnx(run_dir, out, float_model=float_model, trust_keys=trust_keys)
         return
-    if onnx_out is not None or float_model or trust_keys:
-        raise click.UsageError("OUT.onnx, --float and --trust-key go with --format onnx.")
-    if out is None:
-        raise click.UsageError("Missing option '--out' (the artifact to write).")
+    if float_model or trust_keys:
+        raise click.UsageError("--float and --trust-key go with --format onnx.")
     if out.exists() or out.is_symlink():
         # Before minutes of export and parity: the artifact could not be written anyway.
-        raise click.ClickException(f"--out {out} exists; artifacts are never overwritten. Nothing was exported.")
+        raise click.ClickException(f"{out} exists; artifacts are never overwritten. Nothing was exported.")
     console = Console()
     result = _artifact_errors(lambda: export_run(run_dir, require_parity=False))
     console.print(_size_table(result.size))
@@ -204,11 +209,9 @@ def export_command(
     )
 
 
-def _export_onnx(source: Path, out: Path | None, *, float_model: bool, trust_keys: tuple[Path, ...]) -> None:
+def _export_onnx(source: Path, out: Path, *, float_model: bool, trust_keys: tuple[Path, ...]) -> None:
     from stejax.onnx import export_onnx, integer_op_count, optimized_ops
 
-    if out is None:
-        raise click.UsageError("--format onnx needs OUT.onnx: stejax export --format onnx RUN_OR_ARTIFACT OUT.onnx")
     result = _artifact_errors(lambda: export_onnx(source, out, float_model=float_model, trusted_keys=trust_keys))
     ops = optimized_ops(result.path)
     Console().print(
