@@ -38,14 +38,14 @@ def vq_group() -> None:
 
 @vq_group.command("compare")
 @out_dir_option("Folder for report.md, report.json and the two plots.")
-@click.option("--quick", is_flag=True, default=False, help="The speed run: K = 64, 512, d = 8, 2 seeds, 200 steps.")
+@click.option("--quick", is_flag=True, default=False, help="The speed run: K = 64, d = 8, 2 seeds, 200 steps.")
 @seeds_option("Seeds 0..N-1 (default 3; 2 with --quick).")
 @click.option("--steps", type=click.IntRange(min=1), default=None, help="Adam steps (default 1000; 200 with --quick).")
 @click.option(
     "--codebook-sizes",
     default=None,
     metavar="K,...",
-    help="Codebook sizes, powers of two (default 64,512,4096; 64,512 with --quick).",
+    help="Codebook sizes, powers of two (default 64,512,4096; 64 with --quick).",
 )
 @click.option("--code-dims", default=None, metavar="D,...", help="Code dimensions (default 8,32; 8 with --quick).")
 @click.option(

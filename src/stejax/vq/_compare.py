@@ -172,8 +172,8 @@ class CompareSettings:
             )
 
 
-# The speed run: all variants, two sizes, one dimension, two seeds, 200 steps.
-QUICK = CompareSettings(seeds=(0, 1), codebook_sizes=(64, 512), code_dims=(8,), steps=200, val_size=4096)
+# The speed run: all variants, K = 64, d = 8, two seeds, 200 steps.
+QUICK = CompareSettings(seeds=(0, 1), codebook_sizes=(64,), code_dims=(8,), steps=200, val_size=4096)
 
 
 # ------------------------------------------------------------------------------------------------
