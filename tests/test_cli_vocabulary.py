@@ -59,6 +59,12 @@ def _option(path: str, flag: str) -> click.Option:
     return option
 
 
+def test_the_root_options_explain_themselves():
+    for option in main.params:
+        if isinstance(option, click.Option) and not option.hidden:
+            assert (option.help or "").strip(), f"stejax {option.opts[0]} has no help text"
+
+
 def test_the_walk_finds_every_command():
     assert {"list", "verify", "train", "compare", "demo", "serve", "diagnose", "bench", "export"} <= set(COMMANDS)
     assert {"lm train", "lm sample", "lm export", "snn compare", "vq compare", "artifact trust add"} <= set(COMMANDS)
