@@ -43,7 +43,7 @@ def enable_compile_cache() -> Path:
     """
     import jax
 
-    chosen = jax.config.jax_compilation_cache_dir or os.environ.get("JAX_COMPILATION_CACHE_DIR")
+    chosen = getattr(jax.config, "jax_compilation_cache_dir", None) or os.environ.get("JAX_COMPILATION_CACHE_DIR")
     directory = Path(chosen) if chosen else cache_dir()
     directory.mkdir(parents=True, exist_ok=True)
     os.environ["JAX_COMPILATION_CACHE_DIR"] = str(directory)
