@@ -201,3 +201,15 @@ def test_cli_export_format_onnx(tmp_path):
     assert again.exit_code == 1 and "never overwritten" in again.output
     wrong = CliRunner().invoke(main, ["export", "--float", str(art.path), str(tmp_path / "a")])
     assert wrong.exit_code == 2 and "go with --format onnx" in wrong.output
+
+
+def test_trusted_keys_export_only_signed_artifacts(tmp_path):
+    from stejax.artifacts import SignatureError, keygen, sign_artifact
+
+    private, public = keygen(tmp_path / "keys")
+    art = shutil.copytree(pristine("w4a4", "mlp", regression=False).path, tmp_path / "art")
+    with pytest.raises(SignatureError):
+        export_onnx(art, tmp_path / "unsigned.onnx", trusted_keys=[public])
+    sign_artifact(art, private)
+    out = export_onnx(art, tmp_path / "signed.onnx", trusted_keys=[public])
+    assert out.path.exists() and not (tmp_path / "unsigned.onnx").exists()
