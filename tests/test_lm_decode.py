@@ -209,3 +209,25 @@ def test_cli_samples_a_batch_and_reports_speed_and_bytes(artifacts, tmp_path):
     assert "bytes/s" in result.stderr and "first byte" in result.stderr and "resident weights" in result.stderr
     bad = CliRunner().invoke(main, ["lm", "sample", art, "--prompt", "hi", "--top-p", "2"])
     assert bad.exit_code == 2 and "top_p must lie in (0, 1]; got 2.0" in bad.output
+
+
+def test_the_lm_decode_suite_writes_its_rows_figures_and_plot(tmp_path):
+    from stejax.bench._lm_decode import COLUMNS, figures, lm_decode_suite, plot
+    from stejax.bench.results import Recorder, load_results
+
+    suite = lm_decode_suite(repeats=1, warmup=1, quick=True, results_dir=None, image=None)
+    rows = suite["rows"]
+    fields = {"model", "params", "config", "batch", "path", "bytes_per_s", "first_byte_ms"}
+    fields |= {"resident_weight_bytes", "compiles"}
+    assert all(fields <= set(r) for r in rows)
+    assert {(r["config"], r["path"]) for r in rows} == {
+        (c, p) for c in ("float", "w1.58a8") for p in ("loop", "compiled")
+    }
+    assert all(r["compiles"] == 0 and r["bytes_per_s"] > 0 for r in rows)
+    assert suite["figures"]["compiles_after_warmup"]["met"] is True
+    # The results file and the plot, from the same rows (the full run writes docs/results and docs/img).
+    doc = Recorder("lm_decode", command="stejax bench --suite lm-decode").write(
+        tmp_path / "lm_decode.json", rows=rows, columns=COLUMNS, figures=figures(rows, None)
+    )
+    assert load_results(tmp_path / "lm_decode.json")["rows"] == doc["rows"]
+    assert plot(rows, tmp_path / "lm_decode.png").stat().st_size > 0

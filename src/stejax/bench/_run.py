@@ -19,7 +19,7 @@ from stejax.bench._train import train_suite
 
 __all__ = ["PROTOCOL", "SUITES", "BenchSettings", "run_bench"]
 
-SUITES: tuple[str, ...] = ("estimators", "train", "inference", "peers", "onnx")
+SUITES: tuple[str, ...] = ("estimators", "train", "inference", "peers", "onnx", "lm-decode")
 
 PROTOCOL = (
     "every variant is called `warmup` times first, untimed (the first call compiles; compilations are "
@@ -120,6 +120,7 @@ def run_bench(
         "inference": lambda: inference_suite(repeats=r, warmup=w, quick=quick),
         "peers": lambda: peers_suite(repeats=r, warmup=w, quick=quick),
         "onnx": lambda: _onnx_suite(repeats=r, warmup=w, quick=quick),
+        "lm-decode": lambda: _lm_decode_suite(repeats=r, warmup=w, quick=quick),
     }
     for name in names:
         if on_event is not None:
@@ -141,6 +142,12 @@ def _onnx_suite(**kwargs: Any) -> dict[str, Any]:
     from stejax.bench._onnx import onnx_suite  # onnx and onnxruntime are the extra stejax[onnx]
 
     return onnx_suite(**kwargs)
+
+
+def _lm_decode_suite(**kwargs: Any) -> dict[str, Any]:
+    from stejax.bench._lm_decode import lm_decode_suite  # imports the LM (the flax and train extras)
+
+    return lm_decode_suite(**kwargs)
 
 
 def _resolve(suites: Sequence[str]) -> list[str]:

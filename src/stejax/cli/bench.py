@@ -16,7 +16,7 @@ from stejax.cli.catalog import lookup
 
 __all__ = ["bench_command", "diagnose_command"]
 
-_BENCH_SUITES = ("estimators", "train", "inference", "peers", "onnx", "all")
+_BENCH_SUITES = ("estimators", "train", "inference", "peers", "onnx", "lm-decode", "all")
 
 
 @click.command("bench", short_help="Time estimators, training steps, inference and peer libraries.")
