@@ -513,8 +513,8 @@ def export_gguf(
     model, cfg = weights.model, weights.config
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.parent / f".{target.name}.gguf-partial-{secrets.token_hex(6)}"
+    writer = GGUFWriter(tmp, "llama")
     try:
-        writer = GGUFWriter(tmp, "llama")
         writer.add_name(f"stejax byte LM ({cfg.name})")
         writer.add_file_type(_file_type([k for k, _, _ in plan.values()]))
         writer.add_quantization_version(2)
@@ -541,6 +541,7 @@ def export_gguf(
             os.fsync(f.fileno())
         os.link(tmp, target)  # fails if target appeared meanwhile: never overwrite
     finally:
+        writer.close()
         tmp.unlink(missing_ok=True)
     kinds = {g: k for g, (k, _, _) in plan.items()}
     block = [g for g in kinds if g.startswith("blk.") and not g.endswith("norm.weight")]

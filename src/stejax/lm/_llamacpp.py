@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["LlamaCppGeneration", "llamacpp_greedy", "llamacpp_logits", "llamacpp_rows", "load_llama"]
+__all__ = ["LlamaCppGeneration", "llamacpp_greedy", "llamacpp_logits", "llamacpp_rows", "lm_decode_rows", "load_llama"]
 
 _GGML_TYPE_F32 = 0
 _LEAST_CONTEXT = 256
@@ -192,4 +192,80 @@ def llamacpp_rows(
                 "gguf_vs_float": sizes[(model, config)] / floats[model] if model in floats else None,
             }
         )
+    return rows
+
+
+def lm_decode_rows(
+    models: Sequence[Any],
+    prompts: Sequence[bytes],
+    *,
+    tokens: int,
+    repeats: int,
+    warmup: int,
+    workdir: str | os.PathLike,
+    threads: int = 2,
+) -> list[dict[str, Any]]:
+    """llama.cpp's rows for ``stejax bench --suite lm-decode``: each model and configuration, batch 1, greedy.
+
+    ``models`` are the suite's models (``name``, ``config``, ``params``, ``artifacts``: one per configuration).
+    Each is written as GGUF with the same sizes; a model with BenchModel's SubLN norms (which llama lacks)
+    is rebuilt with ``norms="llama"`` and initialised weights of those sizes (decoding speed does not depend
+    on the weights), and its rows say so in ``architecture``. Configurations llama.cpp does not compute
+    (``w4a4``) get no row. The first prompt is decoded for ``tokens`` bytes, ``warmup`` untimed rounds then
+    ``repeats`` timed ones (medians).
+    """
+    from flax import nnx
+
+    from stejax.lm._gguf import GGUFError, export_gguf, llama_differences
+    from stejax.lm._model import Transformer
+
+    root = Path(workdir)
+    rows: list[dict[str, Any]] = []
+    for index, bench_model in enumerate(models):
+        config = bench_model.config
+        llama_config = config.replace(norms="llama")
+        architecture = "as measured by stejax" if config.norms == "llama" else "norms='llama' (no SubLN), same sizes"
+        model = Transformer(llama_config, rngs=nnx.Rngs(params=index))
+        files: dict[str, Path] = {}
+        for name in bench_model.artifacts:
+            if llama_differences(llama_config, name):
+                continue
+            try:
+                files[name] = export_gguf(model, root / f"{bench_model.name}-{name}.gguf", config=name).path
+            except GGUFError:
+                continue
+        float_bytes = files["float"].stat().st_size if "float" in files else None
+        for name, path in files.items():
+            llm = load_llama(path, threads=threads, context=config.context)
+            rates, firsts, cpu_rates = [], [], []
+            for round_ in range(warmup + repeats):
+                cpu = time.process_time()
+                g = llamacpp_greedy(llm, prompts[0], tokens=tokens)
+                cpu = time.process_time() - cpu
+                if round_ >= warmup:
+                    rates.append(g.bytes_per_second)
+                    firsts.append(g.first_byte_seconds * 1e3)
+                    cpu_rates.append(len(g.tokens) / cpu if cpu > 0 else float("nan"))
+            llm.close()
+            size = path.stat().st_size
+            rows.append(
+                {
+                    "model": bench_model.name,
+                    "params": bench_model.params,
+                    "config": name,
+                    "batch": 1,
+                    "path": "llama.cpp",
+                    "threads": threads,
+                    "new_bytes": tokens,
+                    "bytes_per_s": float(np.median(rates)),
+                    "bytes_per_cpu_s": float(np.median(cpu_rates)),
+                    "first_byte_ms": float(np.median(firsts)),
+                    "resident_weight_bytes": size,
+                    "gguf_bytes": size,
+                    "gguf_vs_float": size / float_bytes if float_bytes else None,
+                    "compiles": 0,
+                    "repeats": repeats,
+                    "architecture": architecture,
+                }
+            )
     return rows
