@@ -150,6 +150,8 @@ def test_rules_model_parity_integer_kernels_and_size(tmp_path):
     assert ops["MatMulIntegerToFloat"] == 3 and not any(ops[op] for op in FLOAT_PRODUCTS), ops
     assert set(INTEGER_OPS) >= {"MatMulIntegerToFloat", "QLinearConv", "ConvInteger"}
     assert path.stat().st_size <= 0.3 * float_path.stat().st_size
+    props = {p.key: p.value for p in onnx.load(str(path)).metadata_props}
+    assert len(props["stejax.source_state_sha256"]) == 64 and "dot0:w4a8" in props["stejax.sites"]
     float_out = session(float_path).run(None, {"input": np.asarray(x[:3])})[0]
     np.testing.assert_allclose(float_out, np.asarray(model(x[:3])), rtol=1e-5, atol=1e-5)
 

@@ -457,6 +457,20 @@ def _dot(low: _Lowering, eqn: Any, ins: list[_T], shape: tuple[int, ...]) -> _T:
     return _T(g.node("MatMul", [low.tensor(lhs, hint), w], hint), shape=shape)
 
 
+def _state_digest(model: Any) -> str:
+    """The sha256 of the model's variables (names, dtypes, shapes and bytes, sorted by name): what was exported."""
+    import hashlib
+
+    from stejax.flax._saving import _variables
+
+    digest = hashlib.sha256()
+    for name, value in sorted(_variables(model).items()):
+        array = np.ascontiguousarray(jax.device_get(value))
+        digest.update(f"{name}|{array.dtype.str}|{array.shape}|".encode())
+        digest.update(array.tobytes())
+    return digest.hexdigest()
+
+
 def export_nnx(
     model: Any,
     example: Any,
@@ -490,7 +504,8 @@ def export_nnx(
       example: one call's input.
       out: the ONNX file to create (never overwritten).
       float_model: trace with the quantisers off.
-      metadata: extra ``metadata_props``.
+      metadata: extra ``metadata_props`` (the file always records ``stejax.sites`` and
+        ``stejax.source_state_sha256``, the sha256 of the model's variables).
 
     Returns:
       The written path.
@@ -517,7 +532,12 @@ def export_nnx(
     x = _T("input", shape=tuple(example.shape))
     (y,) = _lower_jaxpr(low, closed.jaxpr, list(closed.consts), [x])
     logits = g.node("Identity", [low.tensor(y, "output")], "output")
-    meta = {"stejax.sites": rules, "stejax.graph": "float" if float_model else "qdq", **(metadata or {})}
+    meta = {
+        "stejax.sites": rules,
+        "stejax.graph": "float" if float_model else "qdq",
+        "stejax.source_state_sha256": _state_digest(model),
+        **(metadata or {}),
+    }
     proto = g.model(
         [("input", TensorProto.FLOAT, ("batch", *example.shape[1:]))],
         [(logits, TensorProto.FLOAT, ("batch", *y.shape[1:]))],
