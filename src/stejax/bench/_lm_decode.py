@@ -59,6 +59,8 @@ PROMPT_BYTES = 64
 NEW_BYTES = 256
 LOOP_BYTES = 32  # the per-byte loop's rate is per byte: fewer bytes keep the full run bounded
 BATCHES = (1, 16)
+BIG = 10_000_000  # parameters from which a batched run is measured on fewer bytes
+BIG_BATCH_BYTES = 64
 
 
 @dataclasses.dataclass
@@ -221,11 +223,16 @@ def compiled_rows(
         float32 = _linear_float32(bench)
         for batch in batches:
             calls: dict[str, Callable[[], tuple[int, float, float]]] = {}
+            # A bounded run: the batched 25M model on fewer bytes (a step costs the same all along:
+            # attention spans the whole cache), and the 2-bit ternary form at batch 1 only.
+            made = tokens if batch == 1 or bench.params < BIG else min(tokens, BIG_BATCH_BYTES)
             for _config, weights, loaded in variants:
+                if batch > 1 and weights == "ternary-2bit":
+                    continue
 
-                def run(model: Any = loaded.model, batch: int = batch) -> tuple[int, float, float]:
+                def run(model: Any = loaded.model, batch: int = batch, made: int = made) -> tuple[int, float, float]:
                     with jax.debug_key_reuse(False):
-                        d = decode(model, list(prompts[:batch]), tokens=tokens, key=key, temperature=0)
+                        d = decode(model, list(prompts[:batch]), tokens=made, key=key, temperature=0)
                     return d.new_bytes, d.seconds, d.first_byte_seconds
 
                 calls[f"compiled/{weights}"] = run
@@ -239,6 +246,8 @@ def compiled_rows(
                     calls[f"loop/{weights}"] = run_loop
             measured = _interleaved(calls, repeats=repeats, warmup=warmup)
             for config, weights, loaded in variants:
+                if f"compiled/{weights}" not in measured:
+                    continue
                 sizes = dict(loaded.bytes, linear_float32=float32)
                 for path in ("compiled", "loop"):
                     if f"{path}/{weights}" in measured:
@@ -401,6 +410,7 @@ def figures(rows: Sequence[dict[str, Any]], limit: dict[str, Any] | None) -> dic
             note=f"the least over models and configurations ({worst[1]} {worst[2]}), batch 1, bytes per CPU second",
         )
     models = list(dict.fromkeys(r["model"] for r in rows))
+    best = (0.0, "")
     for model in models:
         fl = _find(rows, model=model, config="float", batch=1, path="compiled")
         for weights in ("ternary-int8", "ternary-2bit"):
@@ -417,16 +427,22 @@ def figures(rows: Sequence[dict[str, Any]], limit: dict[str, Any] | None) -> dic
                 met=(ratio >= 1.0) if big else None,
                 note=f"w1.58a8 ({weights}) / float, batch 1, {model}, bytes per CPU second",
             )
-            if big and weights == "ternary-int8":
-                out["moonshot_ternary_vs_float_25M"] = Figure(
-                    round(ratio, 3), f"{ratio:.2f}×", target="≥ 1.5×", met=ratio >= 1.5
-                )
+            if big:
+                best = max(best, (ratio, weights))
+    if best[1]:
+        out["moonshot_ternary_vs_float_25M"] = Figure(
+            round(best[0], 3),
+            f"{best[0]:.2f}×",
+            target="≥ 1.5×",
+            met=best[0] >= 1.5,
+            note=f"the faster ternary form ({best[1]}), batch 1, bytes per CPU second",
+        )
     for weights, bound, name in (("ternary-2bit", 1 / 8, "ternary_bytes"), ("int4", 1 / 6, "int4_bytes")):
-        row = _find(rows, weights=weights, path="compiled")
-        fl = _find(rows, model=row["model"], config="float", path="compiled") if row else None
-        if row is None or fl is None:
+        found = _find(rows, weights=weights, path="compiled")
+        base = None if found is None else _find(rows, model=found["model"], config="float", path="compiled")
+        if found is None or base is None:
             continue
-        share = row["linear_weight_bytes"] / fl["linear_weight_bytes"]
+        share = found["linear_weight_bytes"] / base["linear_weight_bytes"]
         out[f"{name}_vs_float32"] = Figure(
             round(share, 4),
             f"1/{1 / share:.1f}",
@@ -488,7 +504,7 @@ def plot(rows: Sequence[dict[str, Any]], out: Path) -> Path:
     return out
 
 
-COLUMNS = [
+COLUMNS: list[tuple[str, str] | tuple[str, str, str]] = [
     ("model", "model"),
     ("params", "parameters", "{:,}"),
     ("config", "configuration"),
@@ -557,8 +573,9 @@ def lm_decode_suite(
             figures=judged,
             notes=(
                 "Random weights; 64-byte prompts, 256 new bytes per row (the per-byte loop: 32, its rate is per "
-                "byte); greedy. bytes/s counts the bytes of all rows over wall time, prefill included; ratios "
-                "are medians over rounds of bytes per CPU second measured in the same round. Product times in "
+                "byte; the 25M model at batch 16: 64, new_bytes says so); greedy. bytes/s counts the bytes of all "
+                "rows over wall time, prefill included; ratios are medians over rounds of bytes per CPU second "
+                "measured in the same round. Product times in "
                 "limits: CPU microseconds of one 512×1376 product at batch 1."
             ),
         )

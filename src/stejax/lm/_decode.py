@@ -156,8 +156,8 @@ def _prefill(
     graphdef: Any, state: Any, tokens: jax.Array, lengths: jax.Array, sampling: _Sampling
 ) -> tuple[jax.Array, Any]:
     model = nnx.merge(graphdef, state)
-    cache = init_cache(model.config, tokens.shape[0])  # type: ignore[attr-defined]
-    logits, cache = model.extend(tokens, cache, 0)  # type: ignore[operator]
+    cache = init_cache(model.config, tokens.shape[0])
+    logits, cache = model.extend(tokens, cache, 0)
     last = logits[jnp.arange(tokens.shape[0]), lengths - 1]
     return _draw_rows(last, sampling.at(lengths), sampling.settings()), cache
 
@@ -184,7 +184,7 @@ def _decode_loop(
     def one_row(token: jax.Array, row_cache: Any, position: jax.Array) -> tuple[jax.Array, Any]:
         # The model's own extend on a batch of one, at this row's position.
         row_cache = jax.tree.map(lambda c: c[None], row_cache)
-        logits, row_cache = model.extend(token.reshape(1, 1), row_cache, position)  # type: ignore[operator]
+        logits, row_cache = model.extend(token.reshape(1, 1), row_cache, position)
         return logits[0, 0], jax.tree.map(lambda c: c[0], row_cache)
 
     def cond(carry: tuple[jax.Array, ...]) -> jax.Array:

@@ -28,6 +28,7 @@ so any :class:`LMConfig` layout works.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from pathlib import Path
 from typing import Any
@@ -123,13 +124,13 @@ class LowBitLinear(nnx.Module):
         slices = _unpack_groups(codes, bits)
         groups, per_slice = codes.shape[0], codes.shape[1]
         xq = q.reshape(*q.shape[:-1], groups, len(slices), per_slice)
-        acc = sum(
+        products = [
             jax.lax.dot_general(
                 xq[..., k, :], c, (((xq.ndim - 2,), (1,)), ((xq.ndim - 3,), (0,))), preferred_element_type=jnp.int32
             )
             for k, c in enumerate(slices)
-        )  # (groups, ..., out): dot_general puts the batch (group) axis first
-        acc = jnp.moveaxis(jnp.asarray(acc), 0, -2).astype(jnp.float32)  # (..., groups, out)
+        ]  # each (groups, ..., out): dot_general puts the batch (group) axis first
+        acc = jnp.moveaxis(functools.reduce(jnp.add, products), 0, -2).astype(jnp.float32)  # (..., groups, out)
         if self.form == "ternary-2bit":
             return acc[..., 0, :] / (s * _lead(scale, acc.ndim - 1))
         return jnp.sum(acc * _lead(scale, acc.ndim), axis=-2) / s
