@@ -199,6 +199,7 @@ class _T:
     shape: tuple[int, ...] = ()
     quant: _Q | None = None  # a quantised constant (weights), not yet placed in the graph
     rank3: str | None = None  # a dequantised (batch, n) input as (batch, 1, n), made before its QuantizeLinear
+    codes: tuple[str, str, _Q] | None = None  # a dequantised input's integer codes, zero point and quantiser
 
 
 class _Lowering:
@@ -286,7 +287,7 @@ class _Lowering:
         axis = None if q.scale.ndim == 0 else -1
         codes = g.quantize(x, scale, zero, hint, axis=axis)
         dq = g.dequantize(codes, scale, zero, hint, axis=axis)
-        return _T(rank3=dq) if rank == 2 else _T(dq)
+        return _T(rank3=dq) if rank == 2 else _T(dq, codes=(codes, zero, q))
 
 
 def _code_dtype(lo: int, hi: int, path: str) -> Any:
@@ -370,6 +371,8 @@ def _lower_eqn(low: _Lowering, eqn: Any, ins: list[_T]) -> list[_T]:
         return [_T(const=np.asarray(v), shape=tuple(np.shape(v))) for v in vals]
     if name == "dot_general":
         return [_dot(low, eqn, ins, shape)]
+    if name == "conv_general_dilated":
+        return [_conv(low, eqn, ins, shape)]
     if name in _ELEMENTWISE:
         a, b = (low.tensor(v, f"{hint}/c") for v in ins)
         return [_T(g.node(_ELEMENTWISE[name], [a, b], hint), shape=shape)]
@@ -457,6 +460,81 @@ def _dot(low: _Lowering, eqn: Any, ins: list[_T], shape: tuple[int, ...]) -> _T:
     return _T(g.node("MatMul", [low.tensor(lhs, hint), w], hint), shape=shape)
 
 
+def _conv(low: _Lowering, eqn: Any, ins: list[_T], shape: tuple[int, ...]) -> _T:
+    """A convolution of activations by a constant kernel as ONNX NCHW: transposed in, convolved, transposed back.
+
+    With integer codes on both sides (int8/uint8 activations, int8 weights with zero
+    point 0, one activation scale): ``ConvInteger`` into int32, then ``x (s_a s_w)`` in
+    float32, since ORT fuses a QDQ ``Conv`` into an integer kernel only when a
+    ``QuantizeLinear`` follows it. Otherwise the QDQ operands into a float ``Conv``.
+    """
+    from onnx import TensorProto
+
+    g, params = low.g, eqn.params
+    lhs, rhs = ins
+    dn = params["dimension_numbers"]
+    lhs_spec, rhs_spec, out_spec = (tuple(dn.lhs_spec), tuple(dn.rhs_spec), tuple(dn.out_spec))
+    plain = (
+        all(d == 1 for d in params["lhs_dilation"])
+        and params["batch_group_count"] == 1
+        and lhs.const is None
+        and lhs.quant is None
+        and rhs.name is None
+        and rhs.rank3 is None
+    )
+    if not plain:
+        raise OnnxExportError(
+            f"{_where(eqn)}: only a convolution of activations by a constant kernel, without input dilation or "
+            "batch groups, is lowered to ONNX; nothing was written."
+        )
+    attrs = {
+        "strides": list(params["window_strides"]),
+        "pads": [p[0] for p in params["padding"]] + [p[1] for p in params["padding"]],
+        "dilations": list(params["rhs_dilation"]),
+        "group": int(params["feature_group_count"]),
+    }
+    hint = "conv"
+    back = [int(i) for i in np.argsort(out_spec)]
+    q = rhs.quant
+    w_codes = None if q is None or q.codes is None else np.transpose(q.codes, rhs_spec)
+    w_axis = None if q is None or q.axis is None else rhs_spec.index(q.axis % len(rhs_spec))
+    a = lhs.codes
+    integer = (
+        a is not None
+        and q is not None
+        and w_codes is not None
+        and a[2].kind == "uniform"
+        and np.ndim(a[2].scale) == 0
+        and q.zero_point == 0
+        and q.lo >= -128
+        and q.hi <= 127
+        and (w_axis is None or w_axis == 0)
+    )
+    if integer:
+        assert a is not None and q is not None and w_codes is not None
+        codes, zero, aq = a
+        x = g.node("Transpose", [codes], f"{hint}/codes_nchw", perm=list(lhs_spec))
+        w = g.const(f"{hint}/w_int8", w_codes, np.int8)
+        acc = g.node("ConvInteger", [x, w, zero], hint, **attrs)
+        scale = (np.float32(aq.scale) * np.asarray(q.scale, np.float32)).astype(np.float32)
+        scale = scale.reshape(1, -1, *([1] * (len(shape) - 2))) if scale.ndim else scale
+        y = g.node(
+            "Mul",
+            [g.node("Cast", [acc], f"{hint}/acc", to=TensorProto.FLOAT), g.const(f"{hint}/s", scale)],
+            f"{hint}/rescale",
+        )
+        low.integer_products += 1
+    else:
+        x = g.node("Transpose", [low.tensor(lhs, hint)], f"{hint}/nchw", perm=list(lhs_spec))
+        if q is not None:
+            w = low.dequantized_const(q, w_codes, hint, axis=w_axis)
+        else:
+            assert rhs.const is not None
+            w = g.const(f"{hint}/w", np.transpose(rhs.const, rhs_spec), np.float32)
+        y = g.node("Conv", [x, w], hint, **attrs)
+    return _T(g.node("Transpose", [y], f"{hint}/back", perm=back), shape=shape)
+
+
 def _state_digest(model: Any) -> str:
     """The sha256 of the model's variables (names, dtypes, shapes and bytes, sorted by name): what was exported."""
     import hashlib
@@ -490,14 +568,16 @@ def export_nnx(
     calibrated scale and zero point (a grid narrower than the type clipped first,
     in float; sign and ternary inputs as a ``Where`` then scale 1). Products are
     ``MatMul`` (linear layers, einsums and dots that contract the activations'
-    last axis with a matrix). ``float_model=True`` writes the model with every
-    quantiser off.
+    last axis with a matrix; ORT runs them as ``MatMulIntegerToFloat``) and
+    convolutions (``nnx.Conv``: ``ConvInteger`` and a float32 rescale when both
+    operands are integer codes, else a ``Conv`` on the dequantised operands).
+    ``float_model=True`` writes the model with every quantiser off.
 
     Refused, with :class:`stejax.onnx.OnnxExportError` naming the site or the
     operation: stochastic rounding, custom callable quantisers, data-dependent
     input scales (dynamic, per token, ternary's mean threshold), LSQ+'s offset,
     per-group scales, and any operation this lowering does not know (e.g. a
-    convolution, attention, an embedding lookup).
+    transposed convolution, attention, an embedding lookup).
 
     Args:
       model: a model returned by :func:`stejax.flax.quantize_model` (any NNX model with ``float_model``).
