@@ -131,7 +131,10 @@ def compare_command(
     if results is not None:
         from stejax.vq._results import record
 
-        command = " ".join(["stejax vq compare", *_given_options(click.get_current_context())])
+        ctx = click.get_current_context()
+        root = ctx.find_root()
+        cache = [] if root.params.get("compile_cache", True) else ["--no-compile-cache"]
+        command = " ".join(["stejax", *cache, "vq compare", *_given_options(ctx)])
         name = "vq_compare_quick" if quick else "vq_compare"
         written = record(report, Path(results) / f"{name}.json", command=command, name=name)
         console.print(f"wrote {written}", markup=False)
