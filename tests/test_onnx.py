@@ -211,3 +211,32 @@ def test_unsupported_layer_is_refused_by_name(tmp_path):
     with pytest.raises(OnnxExportError, match=r"conv_general_dilated at .*input dilation"):
         export_nnx(q, x, tmp_path / "m.onnx")
     assert not (tmp_path / "m.onnx").exists()
+
+
+def test_cli_export_format_onnx(tmp_path):
+    from click.testing import CliRunner
+
+    from stejax.cli import main
+
+    art = pristine("w4a4", "mlp")
+    out = tmp_path / "model.onnx"
+    result = CliRunner().invoke(main, ["export", "--format", "onnx", str(art.path), str(out)])
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())  # the console wraps long lines
+    assert "3 integer products" in text and art.id[:12] in text
+    again = CliRunner().invoke(main, ["export", "--format", "onnx", str(art.path), str(out)])
+    assert again.exit_code == 1 and "never overwritten" in again.output
+    wrong = CliRunner().invoke(main, ["export", "--float", str(art.path), str(tmp_path / "a")])
+    assert wrong.exit_code == 2 and "go with --format onnx" in wrong.output
+
+
+def test_trusted_keys_export_only_signed_artifacts(tmp_path):
+    from stejax.artifacts import SignatureError, keygen, sign_artifact
+
+    private, public = keygen(tmp_path / "keys")
+    art = shutil.copytree(pristine("w4a4", "mlp", regression=False).path, tmp_path / "art")
+    with pytest.raises(SignatureError):
+        export_onnx(art, tmp_path / "unsigned.onnx", trusted_keys=[public])
+    sign_artifact(art, private)
+    out = export_onnx(art, tmp_path / "signed.onnx", trusted_keys=[public])
+    assert out.path.exists() and not (tmp_path / "unsigned.onnx").exists()
