@@ -1,8 +1,8 @@
 """The full tier of `stejax lm compare` and its results file, ``RESULTS/lm_compare.json``.
 
-    python benchmarks/lm_compare.py --out bench-out/lm-full --workers 2 --qwix --results docs/results
+    python benchmarks/lm_compare.py --out bench-out/lm-full --workers 3 --results docs/results
 
-runs exactly what ``stejax lm compare --out bench-out/lm-full --workers 2 --qwix`` runs
+runs exactly what ``stejax lm compare --out bench-out/lm-full --workers 3`` runs
 (:data:`stejax.lm.FULL`: 3 seeds; float 600 + 200 steps and every configuration fine-tuned
 from the float checkpoint; ``float``, ``w1.58a8``, ``w4a8`` and ``w4a8_no_ste`` also from
 scratch for all 800 steps on the recipe of ``benchmarks/lm_recipe.py``), then writes the
@@ -11,6 +11,10 @@ baseline it is read against and the gap, the gap against float from the checkpoi
 one row per seed of each from-scratch run against ``float_scratch`` (``table=paired``),
 the references (``table=reference``) and the targets as figures. ``--from-report`` writes
 the results file again from ``OUT/report.json`` (its date and load are the run's).
+``--partial`` scores the runs of a comparison that stopped before its report (every
+``OUT/seed*/<run>`` with its ``params.safetensors``, on the same test bytes) and writes the
+results of those runs only, each configuration's mean over the seeds it finished, with
+``partial`` in the notes.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-COMMAND = "python benchmarks/lm_compare.py --out bench-out/lm-full --workers 2 --qwix --results docs/results"
+COMMAND = "python benchmarks/lm_compare.py --out bench-out/lm-full --workers 3 --results docs/results"
 MINUTES_TARGET = 60.0
 
 
@@ -128,11 +132,50 @@ def _figures(report: dict[str, Any]) -> dict[str, Any]:
             figures[f"{name.replace('.', '')}_bpb"] = Figure(
                 round(s[name]["test_bpb_mean"], 4), f"{s[name]['test_bpb_mean']:.3f} ± {s[name]['test_bpb_std']:.3f}"
             )
-    minutes = report["seconds"] / 60
-    figures["minutes"] = Figure(
-        round(minutes, 2), f"{minutes:.1f} min", target=f"≤ {MINUTES_TARGET:g} min", met=minutes <= MINUTES_TARGET
-    )
+    if report.get("seconds") is not None:
+        minutes = report["seconds"] / 60
+        figures["minutes"] = Figure(
+            round(minutes, 2), f"{minutes:.1f} min", target=f"≤ {MINUTES_TARGET:g} min", met=minutes <= MINUTES_TARGET
+        )
     return figures
+
+
+def partial_report(out: Path) -> dict[str, Any]:
+    """The report of the finished runs of a comparison that stopped before writing its own."""
+    from flax import nnx
+
+    from stejax.lm import FULL, Transformer, bits_per_byte, build_corpus, load_checkpoint, quantize_lm, references
+    from stejax.lm._compare import _paired, _summary, _targets
+
+    data = build_corpus().data
+    text = data["test"][: FULL.eval_bytes]
+    names = [*FULL.configs, *(f"{c}_scratch" for c in FULL.scratch_names)]
+    per_seed: dict[str, list[dict[str, Any]]] = {}
+    for seed in FULL.seeds:
+        for name in names:
+            run = out / f"seed{seed}" / name
+            if not (run / "params.safetensors").is_file():
+                continue
+            config = json.loads((run / "config.json").read_text())["config"]
+            model = load_checkpoint(Transformer(FULL.model, rngs=nnx.Rngs(0)), run / "params.safetensors")
+            bpb = bits_per_byte(quantize_lm(model, config), text)
+            per_seed.setdefault(name, []).append({"seed": seed, "test_bpb": bpb, "step_ms_median": float("nan")})
+            print(f"seed {seed} {name}: {bpb:.4f}", flush=True)
+    per_seed = {n: per_seed[n] for n in names if n in per_seed}
+    refs = references(data["train"], data["validation"], text, context_bytes=FULL.reference_context_bytes)
+    summary = _summary(per_seed)
+    targets = _targets(summary, refs, FULL)
+    targets["judged"] = False
+    return {
+        "tier": FULL.tier,
+        "summary": summary,
+        "paired": _paired(per_seed),
+        "per_seed": per_seed,
+        "references": refs,
+        "targets": targets,
+        "seconds": None,
+        "partial": True,
+    }
 
 
 COLUMNS = [
@@ -153,7 +196,11 @@ COLUMNS = [
 def write_results(report: dict[str, Any], results: Path, *, recorder: Any = None) -> Path:
     from stejax.bench.results import Recorder
 
-    if recorder is None:  # a transcription: the run's own date and load
+    partial = bool(report.get("partial"))
+    if partial:
+        recorder = Recorder("lm_compare", command=COMMAND + " (stopped; then --partial)")
+        extra: dict[str, Any] = {}
+    elif recorder is None:  # a transcription: the run's own date and load
         recorder = Recorder("lm_compare", command=COMMAND)
         env = report["environment"]
         extra = {
@@ -171,7 +218,8 @@ def write_results(report: dict[str, Any], results: Path, *, recorder: Any = None
         rows=_rows(report),
         columns=COLUMNS,
         figures=_figures(report),
-        notes="Test bits per byte on the first 128 KiB of the test split. A *_scratch row is read against "
+        notes=("Partial: only the runs that finished; each mean is over the seeds of its row. " if partial else "")
+        + "Test bits per byte on the first 128 KiB of the test split. A *_scratch row is read against "
         "float_scratch (float trained from scratch on the same steps, initialisation and batches); every other "
         "row against float (pre-trained, then continued on the fine-tuning schedule).",
         **{k: v for k, v in extra.items() if v is not None},
@@ -182,11 +230,15 @@ def write_results(report: dict[str, Any], results: Path, *, recorder: Any = None
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True, help="The comparison's folder.")
-    parser.add_argument("--workers", type=int, default=2, help="Processes for the seeds.")
+    parser.add_argument("--workers", type=int, default=3, help="Processes for the seeds (one per seed).")
     parser.add_argument("--qwix", action="store_true", help="Also fine-tune Qwix's int8 QAT and int4 weight-only.")
     parser.add_argument("--results", type=Path, default=Path("docs/results"), help="Where lm_compare.json goes.")
     parser.add_argument("--from-report", action="store_true", help="Write the results from OUT/report.json.")
+    parser.add_argument("--partial", action="store_true", help="Score the finished runs of a stopped comparison.")
     options = parser.parse_args(argv)
+    if options.partial:
+        print(f"wrote {write_results(partial_report(options.out), options.results)}", file=sys.stderr)
+        return 0
     if options.from_report:
         report = json.loads((options.out / "report.json").read_text())
         print(f"wrote {write_results(report, options.results)}", file=sys.stderr)
@@ -194,7 +246,9 @@ def main(argv: list[str] | None = None) -> int:
     from stejax.bench.results import Recorder
     from stejax.lm import FULL, compare_lm
 
-    recorder = Recorder("lm_compare", command=COMMAND)
+    command = f"python benchmarks/lm_compare.py --out {options.out} --workers {options.workers}"
+    command += " --qwix" * options.qwix + f" --results {options.results}"
+    recorder = Recorder("lm_compare", command=command)
     extra = {}
     if options.qwix:
         from stejax.bench._peers_lm import QWIX_LM_KINDS, qwix_lm

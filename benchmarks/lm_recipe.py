@@ -1,11 +1,13 @@
 """The from-scratch recipe of `stejax lm compare`'s full tier, part by part, on the validation split only.
 
-    python benchmarks/lm_recipe.py --workers 2 --results docs/results
+    python benchmarks/lm_recipe.py --workers 15 --results docs/results
 
 Each variant changes the from-scratch schedule of one configuration (``float`` or
-``w1.58a8``) as ``CompareSettings.scratch_recipes`` would, and trains it from scratch
-exactly as the comparison does (:func:`stejax.lm.train_from_scratch`: the same initial
-weights, batches and budget) for each seed. The seeds (10 and 11 by default) are not the
+``w1.58a8``) as ``CompareSettings.scratch_recipes`` would, starting from the full tier's
+schedule before any recipe (peak 1e-2, warm-up 10%, weight decay 0.1, a cosine to 0.1 of
+the peak), and trains it from scratch exactly as the comparison does
+(:func:`stejax.lm.train_from_scratch`: the same initial weights, batches and budget) for
+each seed. The seeds (10, 11 and 12 by default) are not the
 comparison's (0, 1, 2), so the recipe is not chosen on the runs it is reported on. Every
 run is scored on the first ``--val-bytes`` of the **validation** split; the test split is
 never read. The parts are BitNet b1.58's published recipe (the b1.58 2B4T technical report;
@@ -15,8 +17,11 @@ midpoint on, the weight decay on the latent weights, and the warm-up.
 
 Writes ``RESULTS/lm_recipe.json`` (one row per variant: the mean validation bits per byte
 over the seeds, each seed's value, the change against the same configuration's base
-recipe, and the gap to float's base recipe). ``--log FILE`` keeps one JSON line per run and
-``--resume`` skips the runs already in it.
+recipe, and the gap to float's base recipe) and the figures of the kept recipe, which
+:data:`stejax.lm.FULL` uses (checked). ``--log FILE`` keeps one JSON line per run and
+``--resume`` skips the runs already in it; ``--conditions FILE`` takes the date, machine and
+load from the results file written where the logged runs ran (the file is then written
+from the log alone).
 """
 
 from __future__ import annotations
@@ -113,11 +118,24 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
 }
 
 
+# The variants whose changes the full tier keeps (float's applies to every from-scratch run).
+KEPT = {"float": "float warm-up 30%", "w1.58a8": "w1.58a8 warm-up 30%, wd 0 from the midpoint, final lr 0"}
+
+
+def _check_kept() -> None:
+    from stejax.lm import FULL
+
+    shared = dict(FULL.scratch_recipe)
+    for config, variant in KEPT.items():
+        if {**shared, **FULL.scratch_recipes.get(config, {})} != VARIANTS[variant][1]:
+            raise SystemExit(f"lm_recipe: FULL's from-scratch recipe of {config} is not the variant {variant!r}.")
+
+
 def _run(variant: str, seed: int, val_bytes: int, corpus: str | None) -> dict[str, Any]:
     from stejax.lm import FULL, bits_per_byte, build_corpus, train_from_scratch
 
     config, recipe = VARIANTS[variant]
-    settings = FULL.replace(scratch_recipes={config: recipe})
+    settings = FULL.replace(scratch_recipe={}, scratch_recipes={config: recipe})
     data = build_corpus(corpus).data
     run = train_from_scratch(settings, config, seed, data["train"], data["validation"])
     return {
@@ -159,7 +177,7 @@ def _rows(runs: list[dict[str, Any]], seeds: list[int]) -> list[dict[str, Any]]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seeds", type=int, nargs="+", default=[10, 11], help="Seeds (not the comparison's).")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[10, 11, 12], help="Seeds (not the comparison's).")
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS), metavar="NAME")
     parser.add_argument("--val-bytes", type=int, default=131072, help="Bytes of the validation split scored.")
     parser.add_argument("--workers", type=int, default=1, help="Processes (about one core each).")
@@ -167,14 +185,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--results", type=Path, default=None, help="Write RESULTS/lm_recipe.json there.")
     parser.add_argument("--log", type=Path, default=None, help="One JSON line per run.")
     parser.add_argument("--resume", action="store_true", help="Skip the runs already in --log.")
+    parser.add_argument("--conditions", type=Path, default=None, help="Date, machine, load from this results file.")
     options = parser.parse_args(argv)
+    _check_kept()
 
     from stejax.bench.results import Recorder
 
-    recorder = Recorder(
-        "lm_recipe",
-        command="python benchmarks/lm_recipe.py --workers 2 --results docs/results",
-    )
+    recorder = Recorder("lm_recipe", command="python benchmarks/lm_recipe.py --workers 15 --results docs/results")
     done: list[dict[str, Any]] = []
     if options.resume and options.log is not None and options.log.exists():
         done = [json.loads(line) for line in options.log.read_text().splitlines() if line.strip()]
@@ -201,14 +218,20 @@ def main(argv: list[str] | None = None) -> int:
         from stejax.bench.results import Figure
 
         figures = {}
-        ternary = [r for r in rows if r["config"] == "w1.58a8"]
-        if ternary and any(r["variant"] == "w1.58a8 base" for r in rows):
-            best = min(ternary, key=lambda r: r["val_bpb"])
-            figures["best_ternary_variant"] = Figure(best["variant"], best["variant"])
-            if best["gap_vs_float_pct"] is not None:
-                figures["best_ternary_gap_vs_float_pct"] = Figure(
-                    round(best["gap_vs_float_pct"], 4), f"{best['gap_vs_float_pct']:+.2f}%"
-                )
+        by = {r["variant"]: r for r in rows}
+        pairs = {"base": ("float base", "w1.58a8 base"), "kept": (KEPT["float"], KEPT["w1.58a8"])}
+        for label, (f, t) in pairs.items():
+            if f in by and t in by:
+                gap = 100 * (by[t]["val_bpb"] - by[f]["val_bpb"]) / by[f]["val_bpb"]
+                figures[f"{label}_gap"] = Figure(round(gap, 4), f"{gap:+.2f}%")
+        for config, variant in KEPT.items():
+            if variant in by and by[variant]["vs_base_pct"] is not None:
+                change = by[variant]["vs_base_pct"]
+                figures[f"kept_{config.replace('.', '')}_vs_base"] = Figure(round(change, 4), f"{change:+.2f}%")
+        conditions: dict[str, Any] = {}
+        if options.conditions is not None:
+            earlier = json.loads(options.conditions.read_text())
+            conditions = {k: earlier[k] for k in ("date", "machine", "load")}
         recorder.write(
             options.results / "lm_recipe.json",
             rows=rows,
@@ -221,6 +244,10 @@ def main(argv: list[str] | None = None) -> int:
                 ("gap_vs_float_pct", "gap to float's base", "{:+.2f}%"),
             ],
             figures=figures,
+            notes="Validation bits per byte (the first 128 KiB of the validation split), mean over the seeds; "
+            "every run trained from scratch for the full tier's 800 steps. Run with --corpus set to the .py files "
+            "of jax 0.10.2 (the pinned corpus, the same bytes) where the installed jax is another version.",
+            **conditions,
         )
         print(f"wrote {options.results / 'lm_recipe.json'}", file=sys.stderr)
     print(f"load average {os.getloadavg()}", file=sys.stderr)

@@ -25,25 +25,33 @@ def corpus_dir(tmp_path_factory):
     return root
 
 
-def test_report_json_shape(tmp_path, corpus_dir):
-    """The report's fields; the no-STE target row judges the checkpoint pairing and carries the from-scratch one;
-    post-training quantisation rows; the weight decay's shrink of the zero-gradient block kernels."""
+@pytest.fixture(scope="module")
+def comparison(tmp_path_factory, corpus_dir):
+    """One tiny comparison, shared: (settings, report, its folder)."""
+    out = tmp_path_factory.mktemp("comparison")
     settings = QUICK.replace(
         model=TINY,
         float_steps=3,
         finetune_steps=2,
         configs=("float", "w4a8", "w4a8_no_ste"),
-        scratch=("w4a8", "w4a8_no_ste"),
+        scratch=("w1.58a8", "w4a8", "w4a8_no_ste"),
         batch_size=4,
         eval_bytes=512,
         eval_every=100,
         reference_context_bytes=4096,
         sample_tokens=3,
     )
-    report = compare_lm(settings, out_dir=tmp_path, corpus=corpus_dir)
+    return settings, compare_lm(settings, out_dir=out, corpus=corpus_dir), out
+
+
+def test_report_json_shape(comparison):
+    """The report's fields; float_scratch is the baseline of every from-scratch row, seed by seed; the no-STE
+    target row judges the from-scratch pairing and carries the checkpoint one; post-training quantisation rows;
+    the weight decay's shrink of the zero-gradient block kernels."""
+    settings, report, tmp_path = comparison
     on_disk = json.loads((tmp_path / "report.json").read_text())
     assert on_disk["summary"] == report["summary"]
-    names = {"float", "w4a8", "w4a8_no_ste", "float_scratch", "w4a8_scratch", "w4a8_no_ste_scratch"}
+    names = {"float", "w4a8", "w4a8_no_ste", "float_scratch", "w1.58a8_scratch", "w4a8_scratch", "w4a8_no_ste_scratch"}
     assert set(report["summary"]) == names
     for row in report["summary"].values():
         assert set(row) == {
@@ -65,7 +73,7 @@ def test_report_json_shape(tmp_path, corpus_dir):
         assert row["baseline"] == base
         b = s[base]["test_bpb_mean"]
         assert row["delta_pct"] == pytest.approx(100 * (row["test_bpb_mean"] - b) / b)
-    assert set(report["paired"]) == {"w4a8_scratch", "w4a8_no_ste_scratch"}
+    assert set(report["paired"]) == {"w1.58a8_scratch", "w4a8_scratch", "w4a8_no_ste_scratch"}
     pair = report["paired"]["w4a8_scratch"]["per_seed"][0]
     assert pair["float_scratch_test_bpb"] == report["per_seed"]["float_scratch"][0]["test_bpb"]
     assert pair["delta_pct"] == pytest.approx(s["w4a8_scratch"]["delta_pct"])  # one seed: the mean is the pair
@@ -77,10 +85,13 @@ def test_report_json_shape(tmp_path, corpus_dir):
     assert report["targets"]["judged"] is False
     rows = report["targets"]["rows"]
     key = "w4a8_no_ste >= every STE configuration + 0.2 bpb"
-    assert set(rows) == {"float < ngram-3", "w4a8 delta <= 2.0%", key}
+    ternary = "w1.58a8_scratch delta vs float_scratch <= 4.0%"
+    assert set(rows) == {"float < ngram-3", "w4a8 delta <= 2.0%", ternary, key}
+    assert rows[ternary]["measured"] == s["w1.58a8_scratch"]["delta_pct"] and rows[ternary]["moonshot"] == 3.0
     row = rows[key]
-    assert row["pairing"].startswith("judged from scratch") and row["worst_ste"] == "w4a8_scratch"
-    assert row["measured"] == s["w4a8_no_ste_scratch"]["test_bpb_mean"] - s["w4a8_scratch"]["test_bpb_mean"]
+    worst = max(("w1.58a8_scratch", "w4a8_scratch"), key=lambda n: s[n]["test_bpb_mean"])
+    assert row["pairing"].startswith("judged from scratch") and row["worst_ste"] == worst
+    assert row["measured"] == s["w4a8_no_ste_scratch"]["test_bpb_mean"] - s[worst]["test_bpb_mean"]
     other = row["other_pairing"]
     assert other["pairing"] == "from the float checkpoint" and other["worst_ste"] == "w4a8"
     assert other["measured"] == s["w4a8_no_ste"]["test_bpb_mean"] - s["w4a8"]["test_bpb_mean"]
@@ -222,29 +233,16 @@ def test_from_scratch_recipe_takes_effect():
         TrainSettings(steps=10, warmup=6, two_stage=True)
 
 
-def test_comparison_runs_export(tmp_path, corpus_dir):
+def test_comparison_runs_export(tmp_path, comparison):
     """Each run of a comparison has what `stejax lm export` reads; a folder without it gets a clear error."""
-    settings = QUICK.replace(
-        model=TINY,
-        float_steps=2,
-        finetune_steps=2,
-        configs=("float", "w1.58a8"),
-        scratch=("w1.58a8",),
-        ptq=False,
-        batch_size=2,
-        eval_bytes=256,
-        reference_context_bytes=2048,
-        sample_tokens=2,
-    )
-    compare_lm(settings, out_dir=tmp_path / "c", corpus=corpus_dir)
+    _, _, folder = comparison
     runner = CliRunner()
-    for run in ("w1.58a8_scratch", "w1.58a8", "float_scratch", "float_base"):
-        config = json.loads((tmp_path / "c" / "seed0" / run / "config.json").read_text())
+    for run in ("w1.58a8_scratch", "w4a8", "float_base"):
+        config = json.loads((folder / "seed0" / run / "config.json").read_text())
         assert config["config"] == run.removesuffix("_scratch").replace("float_base", "float")
-        art = tmp_path / f"art-{run}"
-        result = runner.invoke(main, ["lm", "export", str(tmp_path / "c" / "seed0" / run), str(art)])
+        result = runner.invoke(main, ["lm", "export", str(folder / "seed0" / run), str(tmp_path / run)])
         assert result.exit_code == 0, result.output
-    manifest = json.loads((tmp_path / "art-w1.58a8_scratch" / "manifest.json").read_text())
+    manifest = json.loads((tmp_path / "w1.58a8_scratch" / "manifest.json").read_text())
     assert {e["container"] for e in manifest["quantised"].values()} == {"trit5"}
-    result = runner.invoke(main, ["lm", "export", str(tmp_path / "c"), str(tmp_path / "art-x")])
+    result = runner.invoke(main, ["lm", "export", str(folder), str(tmp_path / "x")])
     assert result.exit_code == 2 and "has no config.json" in result.output

@@ -55,6 +55,8 @@ from stejax.lm._sample import generate as generate
 from stejax.lm._train import LMTrainResult as LMTrainResult
 from stejax.lm._train import TrainSettings as TrainSettings
 from stejax.lm._train import bits_per_byte as bits_per_byte
+from stejax.lm._train import learning_rate_schedule as learning_rate_schedule
 from stejax.lm._train import load_checkpoint as load_checkpoint
 from stejax.lm._train import save_checkpoint as save_checkpoint
 from stejax.lm._train import train_lm as train_lm
+from stejax.lm._train import weight_decay_schedule as weight_decay_schedule

@@ -262,7 +262,9 @@ class CompareSettings:
 
 
 # Both tiers' architecture, every field spelled out so that a change of LMConfig's defaults leaves them as measured.
-TIER_MODEL = LMConfig(context=64, width=64, depth=2, heads=2, hidden=160, mlp="swiglu", positions="rotary", tied=False)
+TIER_MODEL = LMConfig(
+    context=64, width=64, depth=2, heads=2, hidden=160, mlp="swiglu", positions="rotary", tied=False, norms="subln"
+)
 
 # The from-scratch recipe of both tiers, chosen on the validation split (benchmarks/lm_recipe.py, seeds 10-12,
 # never the comparison's): a 30% warm-up for every from-scratch run (float's validation bpb -1.0%, w1.58a8's

@@ -47,7 +47,16 @@ from flax import nnx
 from stejax import keys
 from stejax.train import NonFiniteError, save_params
 
-__all__ = ["LMTrainResult", "TrainSettings", "bits_per_byte", "load_checkpoint", "save_checkpoint", "train_lm"]
+__all__ = [
+    "LMTrainResult",
+    "TrainSettings",
+    "bits_per_byte",
+    "learning_rate_schedule",
+    "load_checkpoint",
+    "save_checkpoint",
+    "train_lm",
+    "weight_decay_schedule",
+]
 
 LN2 = math.log(2.0)
 
