@@ -240,3 +240,13 @@ def test_trusted_keys_export_only_signed_artifacts(tmp_path):
     sign_artifact(art, private)
     out = export_onnx(art, tmp_path / "signed.onnx", trusted_keys=[public])
     assert out.path.exists() and not (tmp_path / "unsigned.onnx").exists()
+
+
+def test_a_run_is_exported_through_a_verified_artifact(tmp_path):
+    art = pristine("w2a2", "mlp")
+    out = export_onnx(artifact_runs.run_dir("w2a2"), tmp_path / "run.onnx")
+    assert len(out.source_id) == 64 and out.metadata["stejax.source_artifact"] == out.source_id
+    x = np.asarray(art.evidence.inputs)
+    np.testing.assert_array_equal(session(out.path).run(None, {"features": x})[0], _logits(art, x))
+    with pytest.raises(ValueError, match="a run directory carries no signature"):
+        export_onnx(artifact_runs.run_dir("w2a2"), tmp_path / "signed.onnx", trusted_keys=[tmp_path / "k.pem"])
