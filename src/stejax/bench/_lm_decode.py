@@ -83,7 +83,11 @@ class BenchModel:
 
 
 def bench_models(quick: bool, workdir: Path, configs: Sequence[str] = CONFIGS) -> list[BenchModel]:
-    """The suite's models with random weights, each exported once per configuration into ``workdir``."""
+    """The suite's models with random weights, each exported once per configuration into ``workdir``.
+
+    An artifact already in ``workdir`` (an earlier run's, of the same seeded weights) is used as it is;
+    loading it checks its hashes.
+    """
     from flax import nnx
 
     from stejax.lm import FULL, LMConfig, Transformer
@@ -102,7 +106,12 @@ def bench_models(quick: bool, workdir: Path, configs: Sequence[str] = CONFIGS) -
     for i, (name, config) in enumerate(shapes.items()):
         model = Transformer(config, rngs=nnx.Rngs(params=i))
         params = sum(int(x.size) for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
-        artifacts = {c: export_lm(model, c, workdir / f"{name}-{c}") for c in configs}
+        artifacts = {
+            c: workdir / f"{name}-{c}"
+            if (workdir / f"{name}-{c}").exists()
+            else export_lm(model, c, workdir / f"{name}-{c}")
+            for c in configs
+        }
         models.append(BenchModel(name, config, params, model, artifacts))
     return models
 
@@ -529,10 +538,12 @@ def lm_decode_suite(
     image: str | Path | None = "docs/img/lm_decode.png",
     configs: Sequence[str] = CONFIGS,
     batches: Sequence[int] | None = None,
+    workdir: str | Path | None = None,
 ) -> dict[str, Any]:
     """Run the suite; return its part of ``bench.json`` (``rows``, ``figures``, ``limits``).
 
     Writes ``RESULTS_DIR/lm_decode.json`` and the plot ``image`` (not with ``quick``, nor with None).
+    ``workdir``: a folder that keeps the exported artifacts for the next run (default: a temporary one).
     ``quick``: one tiny model, float and w1.58a8 only, 16-byte prompts, 16 new bytes (8 in the loop),
     batch 1, no ``limits`` measurement.
     """
@@ -546,41 +557,53 @@ def lm_decode_suite(
     tokens, loop_tokens, length = (16, 8, 16) if quick else (NEW_BYTES, LOOP_BYTES, PROMPT_BYTES)
     prompts = bench_prompts(max(batches), length)
     notes = ["The rows are in suites['lm-decode']['rows'] (one per model, configuration, form, batch and path)."]
-    with tempfile.TemporaryDirectory(prefix="stejax-lm-decode-") as tmp:
-        workdir = Path(tmp)
-        models = bench_models(quick, workdir, configs)
-        rows = compiled_rows(
-            models,
-            prompts,
-            batches=batches,
-            tokens=tokens,
-            loop_tokens=loop_tokens,
-            repeats=repeats,
-            warmup=warmup,
-            configs=configs,
-            ternary=("int8",) if quick else ("int8", "2bit"),
-        )
-        more, more_notes = extra_rows(models, prompts, tokens=tokens, repeats=repeats, warmup=warmup, workdir=workdir)
-        notes += more_notes
     limit = None if quick else limits(repeats=max(repeats, 5))
-    judged = figures(rows, limit)
-    public = [{k: v for k, v in r.items() if not k.startswith("_")} for r in [*rows, *more]]
-    if results_dir is not None and not quick:  # a quick run checks the suite; it does not replace the figures
+    rows: list[dict[str, Any]] = []
+    more: list[dict[str, Any]] = []
+    note = (
+        "Random weights; 64-byte prompts, 256 new bytes per row (the per-byte loop: 32, its rate is per byte; the "
+        "25M model at batch 16: 64, new_bytes says so); greedy. bytes/s counts the bytes of all rows over wall "
+        "time, prefill included; ratios are medians over rounds of bytes per CPU second measured in the same "
+        "round. Product times in limits: CPU microseconds of one 512×1376 product at batch 1."
+    )
+
+    def write(final: bool) -> None:
+        # Written after every model and batch, so that a run cut short leaves what it measured.
+        if results_dir is None or quick:  # a quick run checks the suite; it does not replace the figures
+            return
+        public = [{k: v for k, v in r.items() if not k.startswith("_")} for r in [*rows, *more]]
         recorder.write(
             Path(results_dir) / "lm_decode.json",
             rows=public,
             columns=COLUMNS,
-            figures=judged,
-            notes=(
-                "Random weights; 64-byte prompts, 256 new bytes per row (the per-byte loop: 32, its rate is per "
-                "byte; the 25M model at batch 16: 64, new_bytes says so); greedy. bytes/s counts the bytes of all "
-                "rows over wall time, prefill included; ratios are medians over rounds of bytes per CPU second "
-                "measured in the same round. Product times in "
-                "limits: CPU microseconds of one 512×1376 product at batch 1."
-            ),
+            figures=figures(rows, limit),
+            notes=note if final else note + " Incomplete: the run is still measuring.",
         )
-    if image is not None and not quick:
-        plot(public, Path(image))
+        if image is not None:
+            plot(public, Path(image))
+
+    with tempfile.TemporaryDirectory(prefix="stejax-lm-decode-") as tmp:
+        folder = Path(tmp) if workdir is None else Path(workdir)
+        models = bench_models(quick, folder, configs)
+        for batch in batches:  # every model at batch 1 first: the targets are judged there
+            for bench in models:
+                rows += compiled_rows(
+                    [bench],
+                    prompts,
+                    batches=(batch,),
+                    tokens=tokens,
+                    loop_tokens=loop_tokens,
+                    repeats=repeats,
+                    warmup=warmup,
+                    configs=configs,
+                    ternary=("int8",) if quick else ("int8", "2bit"),
+                )
+                write(final=False)
+        more, more_notes = extra_rows(models, prompts, tokens=tokens, repeats=repeats, warmup=warmup, workdir=folder)
+        notes += more_notes
+    write(final=True)
+    judged = figures(rows, limit)
+    public = [{k: v for k, v in r.items() if not k.startswith("_")} for r in [*rows, *more]]
     return {
         "config": {
             "models": {m.name: {"params": m.params, **m.config.to_dict()} for m in models},

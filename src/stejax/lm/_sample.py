@@ -106,8 +106,9 @@ def draw_byte(
     return jax.lax.cond(temperature > 0, sample, lambda: greedy)
 
 
+@functools.partial(jax.jit, static_argnums=(1, 2))
 def position_keys(key: jax.Array, rows: int, positions: int) -> jax.Array:
-    """Keys ``(rows, positions)``: entry ``[r, p]`` is ``fold_in(fold_in(key, r), p)``."""
+    """Keys ``(rows, positions)``: entry ``[r, p]`` is ``fold_in(fold_in(key, r), p)`` (one compiled call)."""
     row_keys = jax.vmap(lambda r: jax.random.fold_in(key, r))(jnp.arange(rows, dtype=jnp.uint32))
     return jax.vmap(lambda k: jax.vmap(lambda p: jax.random.fold_in(k, p))(jnp.arange(positions, dtype=jnp.uint32)))(
         row_keys
