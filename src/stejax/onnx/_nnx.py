@@ -46,6 +46,7 @@ class _Q:
 
 
 _LOCK = threading.Lock()
+_TRACE_LOCK = threading.Lock()  # one export at a time: the site method is swapped on the class
 _SPECS: dict[int, _Q] = {}
 _COUNTER = itertools.count()
 
@@ -606,11 +607,18 @@ def export_nnx(
         raise OnnxExportError(
             f"export_nnx: the example must be a float32 array (batch, ...); got {example.dtype} {example.shape}."
         )
-    closed = _trace(model, example, float_model=float_model)
-    g = Graph("stejax_nnx_float" if float_model else "stejax_nnx_qdq")
-    low = _Lowering(g, int(example.shape[0]))
-    x = _T("input", shape=tuple(example.shape))
-    (y,) = _lower_jaxpr(low, closed.jaxpr, list(closed.consts), [x])
+    with _TRACE_LOCK:  # one export traces and lowers at a time
+        first = next(_COUNTER)  # the markers of this trace are numbered from here on
+        try:
+            closed = _trace(model, example, float_model=float_model)
+            g = Graph("stejax_nnx_float" if float_model else "stejax_nnx_qdq")
+            low = _Lowering(g, int(example.shape[0]))
+            x = _T("input", shape=tuple(example.shape))
+            (y,) = _lower_jaxpr(low, closed.jaxpr, list(closed.consts), [x])
+        finally:
+            with _LOCK:  # this export's quantiser records (weights' codes included) are no longer needed
+                for key in [k for k in _SPECS if k >= first]:
+                    del _SPECS[key]
     logits = g.node("Identity", [low.tensor(y, "output")], "output")
     meta = {
         "stejax.sites": rules,
