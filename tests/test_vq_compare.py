@@ -76,7 +76,7 @@ def test_results_file_plots_and_markdown(tiny_run):
     out, _ = tiny_run
     results = load_results(out / "results" / "vq_compare_quick.json")
     assert [r["variant"] for r in results["rows"]] == list(CHOSEN)
-    assert results["command"].startswith("stejax vq compare --out ")
+    assert "vq compare --out " in results["command"]
     assert "--quick --seeds 2 --steps 30" in results["command"]
     assert results["figures"]["fsq_usage"]["target"] == "FSQ usage >= 0.95 at every K"
     for name in ("usage_vs_k.png", "mse_vs_bits.png"):

@@ -103,6 +103,7 @@ def compare_command(
     from stejax.vq import QUICK, VARIANTS, CompareSettings, compare, write_report
 
     t0 = time.perf_counter()
+    started = {"date": _now(), "load_start": _load()}
     settings = QUICK if quick else CompareSettings()
     changes: dict[str, object] = {}
     if seeds is not None:
@@ -136,7 +137,10 @@ def compare_command(
         cache = [] if root.params.get("compile_cache", True) else ["--no-compile-cache"]
         command = " ".join(["stejax", *cache, "vq compare", *_given_options(ctx)])
         name = "vq_compare_quick" if quick else "vq_compare"
-        written = record(report, Path(results) / f"{name}.json", command=command, name=name)
+        load = {"start": started["load_start"], "end": _load()}
+        written = record(
+            report, Path(results) / f"{name}.json", command=command, name=name, date=started["date"], load=load
+        )
         console.print(f"wrote {written}", markup=False)
     missed = sum(not t["passed"] for t in report["targets"])
     console.print(
@@ -145,6 +149,18 @@ def compare_command(
         f"wrote {paths['markdown']} and {paths['json']}" + (f"; {missed} target(s) missed" if missed else ""),
         markup=False,
     )
+
+
+def _now() -> str:
+    import datetime
+
+    return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+
+
+def _load() -> float | None:
+    import os
+
+    return round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None
 
 
 def _given_options(ctx: click.Context) -> list[str]:
