@@ -81,12 +81,16 @@ def _plot(summary: list[dict[str, Any]], key: str, ylabel: str, path: Path) -> N
 
     dims = sorted({e["code_dim"] for e in summary})
     variants = list(dict.fromkeys(e["variant"] for e in summary))
+    bits = [e["bits"] for e in summary]
+    colours = plt.get_cmap("tab20").colors
     fig, axes = plt.subplots(1, len(dims), figsize=(5.2 * len(dims), 4), squeeze=False)
     for ax, d in zip(axes[0], dims, strict=True):
-        for v in variants:
+        for i, v in enumerate(variants):
             pts = sorted((e["bits"], e[key]) for e in summary if e["variant"] == v and e["code_dim"] == d)
             style = "--" if v in ("fsq", "no_gradient") else "-"
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], style, marker="o", ms=3, label=v)
+            xs, ys = [p[0] for p in pts], [p[1] for p in pts]
+            ax.plot(xs, ys, style, marker="o", ms=4, color=colours[(2 * i) % 20 + (2 * i) // 20], label=v)
+        ax.set_xlim(min(bits) - 0.5, max(bits) + 0.5)
         ax.set_xlabel("bits per token (log2 K)")
         ax.set_title(f"code dimension {d}", fontsize=9)
         ax.set_ylabel(ylabel, fontsize=8)
