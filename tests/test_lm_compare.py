@@ -145,9 +145,9 @@ def test_train_export_sample_commands(tmp_path, corpus_dir):
     assert {e["container"] for e in manifest["quantised"].values()} == {"trit5"}
     result = runner.invoke(main, ["lm", "sample", str(art), "--prompt", "def ", "--tokens", "5"])
     assert result.exit_code == 0, result.output
-    assert result.output.startswith("def ") and "tokens/s" in result.output
+    assert result.output.startswith("def ") and "bytes/s" in result.output
     result = runner.invoke(main, ["lm", "sample", str(art), "--prompt", "def ", "--tokens", "13"])
-    assert result.exit_code == 2 and "exceeds the model's context of 16" in result.output
+    assert result.exit_code == 2 and "expected at most 16 bytes in all, got 17" in result.output
     result = runner.invoke(main, ["lm", "compare", "--out", str(tmp_path / "c"), "--configs", "w3a3"])
     assert result.exit_code == 2 and "unknown configuration(s) ['w3a3']" in result.output
 
