@@ -53,6 +53,27 @@ def test_digits_cnn_parity_and_integer_kernels(tmp_path, preset):
     _integer_ops_only(path, model)
 
 
+def test_digits_cnn_qlinear_convolutions(tmp_path):
+    # conv="qlinear": ORT's QLinearConv (int32 bias codes, ORT's requantisation). These weights have a zero
+    # bias (exact as int32 codes) and hit no rounding tie, so the logits are equal; in general a next-layer
+    # code can differ by one near a tie, and parity is stated as argmax agreement.
+    splits = artifact_runs.splits()
+    model_config = dataclasses.replace(artifact_runs.TINY_CNN, preset="w8a8").model_config(splits.train)
+    qc = stejax.model.preset("w8a8")
+    model = export_model(
+        stejax.model.init_params(jax.random.key(0), model_config, qc), model_config, qc, Normalizer.fit(splits.train.x)
+    )
+    path = write_digits(model, tmp_path / "cnn.onnx", float_model=False, metadata={}, conv="qlinear")
+    x = np.asarray(splits.test.x, np.float32)
+    got, want = session(path).run(None, {"features": x})[0], np.asarray(model.apply(model.weights, x))
+    assert (got.argmax(1) == want.argmax(1)).all()
+    ops = optimized_ops(path)
+    assert ops["QLinearConv"] == 2 and ops["MatMulIntegerToFloat"] == 1, ops
+    assert not any(ops[op] for op in FLOAT_PRODUCTS), ops
+    with pytest.raises(ValueError, match="conv must be one of"):
+        write_digits(model, tmp_path / "x.onnx", float_model=False, metadata={}, conv="fast")
+
+
 @pytest.mark.parametrize("preset", ["w4a4", "w2a2"])
 def test_digits_parity_and_integer_kernels(tmp_path, preset):
     art, model = pristine(preset, "mlp"), "mlp"

@@ -72,6 +72,10 @@ def _digits_files(model: Any, tmp: Path, name: str) -> dict[str, Path]:
     for float_model in (False, True):
         fmt = weight_format_name(model, float_model=float_model)
         out[fmt] = write_digits(model, tmp / f"{name}-{fmt}.onnx", float_model=float_model, metadata={})
+    if any(layer.kind == "conv" for layer in model.layers):
+        out["qlinear"] = write_digits(
+            model, tmp / f"{name}-qlinear.onnx", float_model=False, metadata={}, conv="qlinear"
+        )
     return out
 
 
@@ -169,6 +173,7 @@ def onnx_suite(*, repeats: int, warmup: int, quick: bool, results_dir: str | Pat
                         "onnxruntime float": ("features", g8["float"], g8["float"].stat().st_size),
                         "onnxruntime int8": ("features", g8["int8"], g8["int8"].stat().st_size),
                         "onnxruntime int4": ("features", g4["int8"], g4["int8"].stat().st_size),
+                        "onnxruntime-qlinearconv int8": ("features", g8["qlinear"], g8["qlinear"].stat().st_size),
                         "stejax int8": ("stejax", c8, 0),
                         "stejax int4": ("stejax", c4, 0),
                     },
@@ -247,6 +252,7 @@ def onnx_suite(*, repeats: int, warmup: int, quick: bool, results_dir: str | Pat
     notes = [
         f"onnxruntime: CPU execution provider, intra_op_num_threads={THREADS}, one inter-op thread, sequential.",
         "The cnn's int4 file is its w4a4 preset: 4-bit hidden weights as ONNX INT4, 8-bit first and last layers.",
+        "onnxruntime-qlinearconv: the cnn exported with conv='qlinear' (ORT's QLinearConv instead of ConvInteger).",
         "rules-mlp's stejax runtime is the jitted fake-quantised NNX model (stejax has no integer forward for it).",
         f"Throughput ratios at batch 256 on {mlp_name} (median of per-round ratios): ORT float / ORT int8 "
         f"{a:.2f}, stejax int8 / ORT int8 {b:.2f}.",

@@ -127,6 +127,14 @@ def _split_dtypes(text: str | None) -> tuple[str, ...] | None:
     type=existing_file(),
     help="With --format onnx: a trusted PEM public key (repeatable); only an artifact it signed is exported.",
 )
+@click.option(
+    "--conv",
+    type=click.Choice(["integer", "qlinear"]),
+    default="integer",
+    show_default=True,
+    help="With --format onnx: integer: ConvInteger, bit for bit stejax; qlinear: ORT's QLinearConv, faster, "
+    "a code may differ by one near a rounding tie.",
+)
 def export_command(
     run_dir: Path,
     out: Path,
@@ -134,6 +142,7 @@ def export_command(
     export_format: str,
     float_model: bool,
     trust_keys: tuple[Path, ...],
+    conv: str,
 ) -> None:
     """Export a trained QAT run to integer weights and write the artifact OUT.
 
@@ -152,10 +161,10 @@ def export_command(
     from stejax.export import export_run
 
     if export_format == "onnx":
-        _export_onnx(run_dir, out, float_model=float_model, trust_keys=trust_keys)
+        _export_onnx(run_dir, out, float_model=float_model, trust_keys=trust_keys, conv=conv)
         return
-    if float_model or trust_keys:
-        raise click.UsageError("--float and --trust-key go with --format onnx.")
+    if float_model or trust_keys or conv != "integer":
+        raise click.UsageError("--float, --trust-key and --conv go with --format onnx.")
     if out.exists() or out.is_symlink():
         # Before minutes of export and parity: the artifact could not be written anyway.
         raise click.ClickException(f"{out} exists; artifacts are never overwritten. Nothing was exported.")
@@ -209,10 +218,14 @@ def export_command(
     )
 
 
-def _export_onnx(source: Path, out: Path, *, float_model: bool, trust_keys: tuple[Path, ...]) -> None:
+def _export_onnx(
+    source: Path, out: Path, *, float_model: bool, trust_keys: tuple[Path, ...], conv: str = "integer"
+) -> None:
     from stejax.onnx import export_onnx, integer_op_count, optimized_ops
 
-    result = _artifact_errors(lambda: export_onnx(source, out, float_model=float_model, trusted_keys=trust_keys))
+    result = _artifact_errors(
+        lambda: export_onnx(source, out, float_model=float_model, trusted_keys=trust_keys, conv=conv)
+    )
     ops = optimized_ops(result.path)
     Console().print(
         Text(

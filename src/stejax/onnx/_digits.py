@@ -73,12 +73,21 @@ def _check_exportable(model: ExportedModel) -> None:
             )
 
 
-def digits_graph(model: ExportedModel, *, float_model: bool) -> tuple[Graph, str]:
+CONVS = ("integer", "qlinear")
+
+
+def digits_graph(model: ExportedModel, *, float_model: bool, conv: str = "integer") -> tuple[Graph, str]:
     """The graph of ``model``: QDQ (``float_model=False``) or float32 weights and activations; and its output name.
 
     Input ``features`` (batch, in_features) float32, raw (the graph standardises
     them with the training normaliser); output ``logits`` (batch, n_classes).
+    ``conv="qlinear"``: a convolution whose output the next layer quantises to an
+    8-bit grid is written in ORT's QDQ convolution pattern (fused into ``QLinearConv``):
+    faster, but its bias is int32 codes and its output requantised by ORT, so a code
+    of the next layer can differ by one near a rounding tie.
     """
+    if conv not in CONVS:
+        raise ValueError(f"digits_graph: conv must be one of {list(CONVS)}; got {conv!r}.")
     _check_exportable(model)
     weights = {k: np.asarray(jax.device_get(v)) for k, v in flatten_weights(model.weights).items()}
     g = Graph("stejax_digits_float" if float_model else "stejax_digits_qdq")
@@ -90,20 +99,31 @@ def digits_graph(model: ExportedModel, *, float_model: bool) -> tuple[Graph, str
     rank3 = g.const("shape/rank3", [0, -1] if float_model else [0, 1, -1], np.int64)
     z = x
     layout = "flat"  # flat (batch, n) | rank3 (batch, 1, n) | nchw
+    pending: str | None = None  # this layer's input codes, when the previous conv's QuantizeLinear made them
     for i, layer in enumerate(model.layers):
         p = {k.split("/")[-1]: v for k, v in weights.items() if k.startswith(f"layers/{i}/")}
         prev = model.layers[i - 1] if i else None
+        nxt = model.layers[i + 1] if i + 1 < len(model.layers) else None
         hint = f"layers/{i}"
-        u = g.node("Relu", [z], f"{hint}/relu") if layer.relu else z
-        u = _to_layout(g, u, layer, layout, rank3, hint)
+        codes_in = None if pending is None else _to_layout(g, pending, layer, layout, rank3, hint)
+        pending = None
+        u = ""
+        if codes_in is None:
+            u = g.node("Relu", [z], f"{hint}/relu") if layer.relu else z
+            u = _to_layout(g, u, layer, layout, rank3, hint)
         quantised = _q(layer, float_model)
         w_onnx = _to_onnx_layout(layer, _codes(layer, p) if quantised else _float_weights(layer, p), prev)
         b = np.asarray(p["b"], np.float32)
         if layer.kind == "conv" and layer.integer and not float_model:
-            z = _integer_conv(g, layer, p, u, w_onnx, b, hint)
+            codes = codes_in if codes_in is not None else _quantise_input(g, layer, p, u, hint)
+            if conv == "qlinear" and nxt is not None and _eight_bit_grid(nxt):
+                p_next = {k.split("/")[-1]: v for k, v in weights.items() if k.startswith(f"layers/{i + 1}/")}
+                z, pending = _qlinear_conv(g, layer, p, codes, w_onnx, b, nxt, p_next, hint)
+            else:
+                z = _integer_conv(g, layer, p, codes, w_onnx, b, hint)
         else:
             if layer.inputs.quantised and not float_model:
-                codes = _quantise_input(g, layer, p, u, hint)
+                codes = codes_in if codes_in is not None else _quantise_input(g, layer, p, u, hint)
                 a = g.dequantize(codes, *_input_qparams(g, layer, p, hint), hint=f"{hint}/input")
             else:
                 a = u
@@ -120,8 +140,43 @@ def digits_graph(model: ExportedModel, *, float_model: bool) -> tuple[Graph, str
     return g, logits
 
 
+def _eight_bit_grid(layer: LayerSpec) -> bool:
+    """A layer whose input QuantizeLinear needs no Clip: an 8-bit LSQ, round_no_ste or PACT grid."""
+    return layer.inputs.method in ("lsq", "round_no_ste", "pact") and layer.inputs.levels in ((0, 255), (-128, 127))
+
+
+def _qlinear_conv(
+    g: Graph,
+    layer: LayerSpec,
+    p: dict[str, np.ndarray],
+    codes: str,
+    w_codes: np.ndarray,
+    b: np.ndarray,
+    nxt: LayerSpec,
+    p_next: dict[str, np.ndarray],
+    hint: str,
+) -> tuple[str, str]:
+    """DequantizeLinear -> Conv (int32 bias codes) -> ReLU -> the next layer's QuantizeLinear: ORT's QLinearConv.
+
+    Returns the float output (unused by the next layer) and the next layer's input codes.
+    """
+    a = g.dequantize(codes, *_input_qparams(g, layer, p, hint), hint=f"{hint}/input")
+    w = _dequantised_weights(g, layer, p, w_codes, hint)
+    a_step = np.float32(1) if layer.inputs.method == "sign" else np.asarray(p["a_step"], np.float32)
+    step = (a_step * np.asarray(p["w_scale"], np.float32) * np.ones(layer.out_channels, np.float32)).astype(np.float32)
+    bias_codes = np.round(b.astype(np.float64) / step.astype(np.float64))
+    if np.abs(bias_codes).max(initial=0) >= 2**31 - 1:
+        raise OnnxExportError(f"{hint} (conv): the bias does not fit int32 codes of the step s_a * s_w.")
+    bias_int32 = g.const(f"{hint}/b_int32", bias_codes, np.int32)
+    bias = g.dequantize(bias_int32, g.const(f"{hint}/b_step", step), None, f"{hint}/b", axis=0)
+    y = g.node("Conv", [a, w, bias], f"{hint}/conv", pads=_same_pads(layer), strides=[layer.stride] * 2)
+    nhint = hint.rsplit("/", 1)[0] + f"/{int(hint.rsplit('/', 1)[1]) + 1}"
+    u = g.node("Relu", [y], f"{nhint}/relu") if nxt.relu else y
+    return y, _quantise_input(g, nxt, p_next, u, nhint)
+
+
 def _integer_conv(
-    g: Graph, layer: LayerSpec, p: dict[str, np.ndarray], u: str, w_codes: np.ndarray, b: np.ndarray, hint: str
+    g: Graph, layer: LayerSpec, p: dict[str, np.ndarray], codes: str, w_codes: np.ndarray, b: np.ndarray, hint: str
 ) -> str:
     """``ConvInteger(codes, w codes) -> int32``, then ``x (s_a * s_w) + b`` in float32, as stejax's integer path.
 
@@ -131,7 +186,6 @@ def _integer_conv(
     """
     from onnx import TensorProto
 
-    codes = _quantise_input(g, layer, p, u, hint)
     lo, hi = layer.inputs.levels
     zero = g.const(f"{hint}/a_zero", 0, _code_dtype(lo, hi))
     w = _weight_codes(g, layer, w_codes, hint)

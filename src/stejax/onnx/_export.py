@@ -83,6 +83,7 @@ def export_onnx(
     *,
     float_model: bool = False,
     trusted_keys: Iterable[str | os.PathLike] = (),
+    conv: str = "integer",
 ) -> OnnxExport:
     r"""Write a digits model (an artifact, or a run) as an ONNX file for ONNX Runtime.
 
@@ -106,6 +107,12 @@ def export_onnx(
       out: the ONNX file to create.
       float_model: write the float32 network instead of the QDQ one.
       trusted_keys: PEM public keys; when given, only an artifact one of them signed is read.
+      conv: ``"integer"`` (default): convolutions as ``ConvInteger`` and stejax's float32
+        rescale, bit for bit stejax's integer forward; ``"qlinear"``: a convolution whose
+        output the next layer quantises to an 8-bit grid in ORT's QDQ convolution
+        pattern (``QLinearConv``): much faster on ORT's CPU kernels, but its bias is
+        int32 codes and ORT requantises its output, so a code can differ by one near
+        a rounding tie.
 
     Returns:
       An :class:`OnnxExport`.
@@ -127,20 +134,23 @@ def export_onnx(
         "stejax.source_weights_sha256": str(files.get("weights.safetensors", {}).get("sha256", "")),
         "stejax.quantization": str(artifact.manifest.get("quantization", {}).get("preset", "")),
     }
-    path = write_digits(model, out, float_model=float_model, metadata=metadata)
+    path = write_digits(model, out, float_model=float_model, metadata=metadata, conv=conv)
     metadata = {**metadata, "stejax.weights": weights, "stejax.graph": "float" if float_model else "qdq"}
     return OnnxExport(path, artifact.id, weights, path.stat().st_size, metadata)
 
 
-def write_digits(model: Any, out: str | os.PathLike, *, float_model: bool, metadata: dict[str, str]) -> Path:
+def write_digits(
+    model: Any, out: str | os.PathLike, *, float_model: bool, metadata: dict[str, str], conv: str = "integer"
+) -> Path:
     """Write an :class:`stejax.export.ExportedModel` (already verified) as an ONNX file; ``metadata`` is added."""
     from onnx import TensorProto
 
-    graph, logits = digits_graph(model, float_model=float_model)
+    graph, logits = digits_graph(model, float_model=float_model, conv=conv)
     props = {
         **metadata,
         "stejax.weights": weight_format_name(model, float_model=float_model),
         "stejax.graph": "float" if float_model else "qdq",
+        "stejax.conv": conv,
     }
     proto = graph.model(
         [("features", TensorProto.FLOAT, ("batch", model.input_shape[0]))],
