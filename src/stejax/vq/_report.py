@@ -8,6 +8,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 __all__ = ["write_report"]
 
 _PLOTS = ("usage_vs_k.png", "mse_vs_bits.png")
@@ -82,7 +84,7 @@ def _plot(summary: list[dict[str, Any]], key: str, ylabel: str, path: Path) -> N
     dims = sorted({e["code_dim"] for e in summary})
     variants = list(dict.fromkeys(e["variant"] for e in summary))
     bits = [e["bits"] for e in summary]
-    colours = plt.get_cmap("tab20").colors
+    colours = plt.get_cmap("tab20")(np.linspace(0, 1, 20))
     fig, axes = plt.subplots(1, len(dims), figsize=(5.2 * len(dims), 4), squeeze=False)
     for ax, d in zip(axes[0], dims, strict=True):
         for i, v in enumerate(variants):
