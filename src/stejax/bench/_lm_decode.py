@@ -490,6 +490,9 @@ def plot(rows: Sequence[dict[str, Any]], out: Path) -> Path:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7.5, 4.6))
+    # Colour: the resident form; line: the path; marker: the batch.
+    forms = list(dict.fromkeys(r["weights"] for r in rows))
+    colours = {w: plt.get_cmap("tab10")(i % 10) for i, w in enumerate(forms)}
     keys = list(dict.fromkeys((r["path"], r["weights"], r["batch"]) for r in rows))
     for path, weights, batch in keys:
         line = sorted(
@@ -497,8 +500,13 @@ def plot(rows: Sequence[dict[str, Any]], out: Path) -> Path:
             for r in rows
             if (r["path"], r["weights"], r["batch"]) == (path, weights, batch)
         )
-        style = {"compiled": "-", "loop": ":"}.get(path, "--")
-        ax.plot(*zip(*line, strict=True), style, marker="o", label=f"{path} {weights} batch {batch}")
+        ax.plot(
+            *zip(*line, strict=True),
+            {"compiled": "-", "loop": ":"}.get(path, "--"),
+            marker="o" if batch == 1 else "s",
+            color=colours[weights],
+            label=f"{path} {weights} batch {batch}",
+        )
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("parameters")
