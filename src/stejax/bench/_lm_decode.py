@@ -490,15 +490,17 @@ def plot(rows: Sequence[dict[str, Any]], out: Path) -> Path:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7.5, 4.6))
-    # Colour: the resident form; line: the path; marker: the batch.
-    forms = list(dict.fromkeys(r["weights"] for r in rows))
+
+    # Colour: the resident form (rows of other runtimes: their configuration); line: the path; marker: the batch.
+    def form(r: dict[str, Any]) -> str:
+        return str(r.get("weights") or r["config"])
+
+    forms = list(dict.fromkeys(form(r) for r in rows))
     colours = {w: plt.get_cmap("tab10")(i % 10) for i, w in enumerate(forms)}
-    keys = list(dict.fromkeys((r["path"], r["weights"], r["batch"]) for r in rows))
+    keys = list(dict.fromkeys((r["path"], form(r), r["batch"]) for r in rows))
     for path, weights, batch in keys:
         line = sorted(
-            (r["params"], r["bytes_per_s"])
-            for r in rows
-            if (r["path"], r["weights"], r["batch"]) == (path, weights, batch)
+            (r["params"], r["bytes_per_s"]) for r in rows if (r["path"], form(r), r["batch"]) == (path, weights, batch)
         )
         ax.plot(
             *zip(*line, strict=True),
