@@ -3,9 +3,10 @@
 Policy (every configuration): the linear layers inside the blocks (q, k, v, o,
 gate, up, down) are quantised, weights and inputs; the embedding, the RMSNorms,
 the output head, the attention products (q.k, p.v) and the softmax stay in
-float32. Every linear input is preceded by an RMSNorm in every configuration
-(the model's layout, :mod:`stejax.lm._model`), which is BitNet b1.58's
-"RMSNorm before each quantised input".
+float32. With ``LMConfig(norms="subln")`` every linear input is preceded by an
+RMSNorm (BitNet b1.58's "RMSNorm before each quantised input"); with
+``norms="llama"`` the attention output and the down projection take their inputs
+unnormalised, as llama does (the model's layout, :mod:`stejax.lm._model`).
 """
 
 from __future__ import annotations
