@@ -177,12 +177,12 @@ class LMArtifact:
         self.float_model = float_model
 
 
-def load_lm_artifact(path: str | os.PathLike) -> LMArtifact:
-    """Verify and load :func:`export_lm`'s directory.
+def read_lm_tensors(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """The manifest and the stored tensors of :func:`export_lm`'s directory, after the manifest check.
 
     Raises:
       stejax.artifacts.ArtifactError: a missing, changed or unlisted file, an
-        edited manifest, another format, or a tensor that does not fit the model.
+        edited manifest, another format, or a weights file that is not safetensors.
     """
     from stejax.artifacts import ArtifactError, check_listed_files, check_manifest_integrity, read_json_object
     from stejax.export import SafetensorsError, decode_safetensors
@@ -197,6 +197,20 @@ def load_lm_artifact(path: str | os.PathLike) -> LMArtifact:
         tensors, _ = decode_safetensors(files[WEIGHTS], str(root / WEIGHTS))
     except SafetensorsError as e:
         raise ArtifactError(str(e)) from None
+    return manifest, tensors
+
+
+def load_lm_artifact(path: str | os.PathLike) -> LMArtifact:
+    """Verify and load :func:`export_lm`'s directory.
+
+    Raises:
+      stejax.artifacts.ArtifactError: a missing, changed or unlisted file, an
+        edited manifest, another format, or a tensor that does not fit the model.
+    """
+    from stejax.artifacts import ArtifactError
+
+    root = Path(path)
+    manifest, tensors = read_lm_tensors(root)
     config = LMQuant(**manifest["config"])
     model_config = LMConfig(**manifest["model"])
     model = Transformer(model_config, rngs=nnx.Rngs(0))

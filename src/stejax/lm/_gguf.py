@@ -369,22 +369,12 @@ def _from_model(model: Any, config: Any, source: str) -> _Weights:
 
 def _from_artifact(root: Path) -> _Weights:
     """An LM artifact's tensors, after the manifest check (integrity, every file's size and sha256)."""
-    from stejax.artifacts import ArtifactError, check_listed_files, check_manifest_integrity, read_json_object
-    from stejax.export import SafetensorsError, decode_safetensors
     from stejax.lm._configs import LMQuant
-    from stejax.lm._export import LM_FORMAT, WEIGHTS
+    from stejax.lm._export import read_lm_tensors
     from stejax.lm._model import LMConfig
     from stejax.lm._packing import unpack
 
-    manifest = read_json_object(root / "manifest.json")
-    check_manifest_integrity(manifest, root / "manifest.json")
-    if manifest.get("format") != LM_FORMAT:
-        raise ArtifactError(f"{root / 'manifest.json'}: format {manifest.get('format')!r}; expected {LM_FORMAT!r}.")
-    files = check_listed_files(root, manifest.get("files"))
-    try:
-        tensors, _ = decode_safetensors(files[WEIGHTS], str(root / WEIGHTS))
-    except SafetensorsError as e:
-        raise ArtifactError(str(e)) from None
+    manifest, tensors = read_lm_tensors(root)
     config = LMQuant(**manifest["config"])
     model = LMConfig(**manifest["model"])
     floats, codes = {}, {}
