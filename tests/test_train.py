@@ -697,12 +697,13 @@ def test_compare_with_one_fixed_split_and_one_seed_says_n_a(tmp_path):
     here = train(dataclasses.replace(TINY, preset="w8a8", seed=3), splits=_splits())
     assert report["runs"]["w8a8"][0]["test_accuracy"] == here.test_accuracy
     assert report["runs"]["w8a8"][0]["test_loss"] == here.test_loss
-    # Training, the warm-up of the other worker's step and the timing share one compilation.
+    # Training, the warm-up of the other worker's step and the timing share one compilation at most
+    # (none is left in this process's cache when another test has cleared JAX's caches since).
     for name in ("float", "w8a8"):
         config = dataclasses.replace(TINY, preset=name)
         mc, qc = config.model_config(_splits().train), config.qat_config()
         opt = make_optimizer(config, len(_splits().train) // config.batch_size)
-        assert compiled_train_step(mc, qc, opt)._cache_size() == 1
+        assert compiled_train_step(mc, qc, opt)._cache_size() <= 1
     assert report["setup"]["split"] == "fixed" and report["setup"]["split_seeds"] == [0]
     assert report["runs"]["w8a8"][0]["data_seed"] == 0 and report["runs"]["w8a8"][0]["seed"] == 3
     row = report["summary"]["w8a8"]
@@ -760,7 +761,7 @@ def test_cli_train_writes_a_run_directory(runner, tmp_path, tiny_data):
     ("args", "message"),
     [
         (["--epochs", "1"], "exactly one of --preset NAME or --config FILE"),
-        (["--preset", "w3a3"], "preset must be one of"),
+        (["--preset", "w3a3"], "'w3a3' is not one of"),
     ],
 )
 def test_cli_train_usage_errors(runner, tmp_path, args, message):
