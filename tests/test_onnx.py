@@ -20,7 +20,15 @@ from stejax.artifacts import ArtifactError
 from stejax.data import Normalizer
 from stejax.export import export_model
 from stejax.flax import Quant, Rule, calibrate, quantize_model
-from stejax.onnx import INTEGER_OPS, OnnxExportError, export_nnx, export_onnx, integer_op_count, optimized_ops, session
+from stejax.onnx import (
+    INTEGER_OPS,
+    OnnxExportError,
+    export_nnx,
+    export_onnx,
+    integer_op_count,
+    open_runtime,
+    optimized_ops,
+)
 from stejax.onnx._export import write_digits
 
 # Products ONNX Runtime must run on integer kernels; float MatMul/Conv/Gemm must be gone from them.
@@ -47,7 +55,7 @@ def test_digits_cnn_parity_and_integer_kernels(tmp_path, preset):
     model = export_model(params, model_config, qc, Normalizer.fit(splits.train.x))
     path = write_digits(model, tmp_path / "cnn.onnx", float_model=False, metadata={})
     x = np.asarray(splits.test.x, np.float32)
-    got, want = session(path).run(None, {"features": x})[0], np.asarray(model.apply(model.weights, x))
+    got, want = open_runtime(path).run(None, {"features": x})[0], np.asarray(model.apply(model.weights, x))
     assert (got.argmax(1) == want.argmax(1)).all()
     assert np.abs(got - want).max() == 0.0
     _integer_ops_only(path, model)
@@ -65,7 +73,7 @@ def test_digits_cnn_qlinear_convolutions(tmp_path):
     )
     path = write_digits(model, tmp_path / "cnn.onnx", float_model=False, metadata={}, conv="qlinear")
     x = np.asarray(splits.test.x, np.float32)
-    got, want = session(path).run(None, {"features": x})[0], np.asarray(model.apply(model.weights, x))
+    got, want = open_runtime(path).run(None, {"features": x})[0], np.asarray(model.apply(model.weights, x))
     assert (got.argmax(1) == want.argmax(1)).all()
     ops = optimized_ops(path)
     assert ops["QLinearConv"] == 2 and ops["MatMulIntegerToFloat"] == 1, ops
@@ -78,7 +86,7 @@ def test_digits_cnn_qlinear_convolutions(tmp_path):
 def test_digits_parity_and_integer_kernels(tmp_path, preset):
     art, model = pristine(preset, "mlp"), "mlp"
     out = export_onnx(art.path, tmp_path / "model.onnx")
-    run = session(out.path)
+    run = open_runtime(out.path)
     # The test split (the artifact's parity evidence): bit for bit. Both run the same int32 accumulators
     # and the same float32 rescale (acc * (s_a * s_w) + b) and bias add.
     x = np.asarray(art.evidence.inputs)
@@ -112,7 +120,7 @@ def test_digits_float_file_and_int4_codes(tmp_path):
     assert all(t.data_type != onnx.TensorProto.INT8 for t in onnx.load(str(f.path)).graph.initializer)
     x = np.asarray(art.evidence.inputs)
     # The float file has the dequantised weights and float activations: close to, not equal to, the QAT model.
-    logits = session(f.path).run(None, {"features": x})[0]
+    logits = open_runtime(f.path).run(None, {"features": x})[0]
     assert (logits.argmax(1) == _logits(art, x).argmax(1)).mean() > 0.8
     with pytest.raises(FileExistsError, match="never overwritten"):
         export_onnx(art.path, q.path)
@@ -161,7 +169,7 @@ def test_rules_model_parity_integer_kernels_and_size(tmp_path):
     model, q, x = _rules_model()
     path = export_nnx(q, x, tmp_path / "q.onnx")
     float_path = export_nnx(q, x, tmp_path / "f.onnx", float_model=True)
-    got = session(path).run(None, {"input": np.asarray(x)})[0]
+    got = open_runtime(path).run(None, {"input": np.asarray(x)})[0]
     want = np.asarray(q(x))
     assert (got.argmax(1) == want.argmax(1)).all()
     # The same codes, summed in another order: ORT sums int32 exactly, the fake-quantised model sums
@@ -173,7 +181,7 @@ def test_rules_model_parity_integer_kernels_and_size(tmp_path):
     assert path.stat().st_size <= 0.3 * float_path.stat().st_size
     props = {p.key: p.value for p in onnx.load(str(path)).metadata_props}
     assert len(props["stejax.source_state_sha256"]) == 64 and "dot0:w4a8" in props["stejax.sites"]
-    float_out = session(float_path).run(None, {"input": np.asarray(x[:3])})[0]
+    float_out = open_runtime(float_path).run(None, {"input": np.asarray(x[:3])})[0]
     np.testing.assert_allclose(float_out, np.asarray(model(x[:3])), rtol=1e-5, atol=1e-5)
 
 
@@ -211,7 +219,7 @@ def test_rules_cnn_runs_convolutions_on_integer_kernels(tmp_path):
     q = quantize_model(CNN(nnx.Rngs(0)), rules, x)
     calibrate(q, [x])
     path = export_nnx(q, x, tmp_path / "cnn.onnx")
-    got, want = session(path).run(None, {"input": np.asarray(x)})[0], np.asarray(q(x))
+    got, want = open_runtime(path).run(None, {"input": np.asarray(x)})[0], np.asarray(q(x))
     assert (got.argmax(1) == want.argmax(1)).all()
     assert np.abs(got - want).max() <= 1e-5 * max(1.0, float(np.abs(want).max()))
     ops = optimized_ops(path)
@@ -268,6 +276,6 @@ def test_a_run_is_exported_through_a_verified_artifact(tmp_path):
     out = export_onnx(artifact_runs.run_dir("w2a2"), tmp_path / "run.onnx")
     assert len(out.source_id) == 64 and out.metadata["stejax.source_artifact"] == out.source_id
     x = np.asarray(art.evidence.inputs)
-    np.testing.assert_array_equal(session(out.path).run(None, {"features": x})[0], _logits(art, x))
+    np.testing.assert_array_equal(open_runtime(out.path).run(None, {"features": x})[0], _logits(art, x))
     with pytest.raises(ValueError, match="a run directory carries no signature"):
         export_onnx(artifact_runs.run_dir("w2a2"), tmp_path / "signed.onnx", trusted_keys=[tmp_path / "k.pem"])

@@ -109,9 +109,9 @@ def _call(kind: str, obj: Any, x: np.ndarray) -> Any:
     if kind == "nnx":
         xj = jnp.asarray(x)
         return lambda: jax.block_until_ready(obj(xj))
-    from stejax.onnx import session
+    from stejax.onnx import open_runtime
 
-    s = session(obj, threads=THREADS)
+    s = open_runtime(obj, threads=THREADS)
     return lambda: s.run(None, {kind: x})[0]
 
 

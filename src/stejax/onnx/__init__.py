@@ -4,7 +4,7 @@
 exported to one) as an ONNX file in QDQ form; :func:`export_nnx` writes a Flax
 NNX model quantised by rules (:func:`stejax.flax.quantize_model`). Both refuse,
 with :class:`OnnxExportError` naming the path and kind, anything that has no
-faithful ONNX form. :func:`session` opens a file on the CPU execution provider;
+faithful ONNX form. :func:`open_runtime` opens a file on the CPU execution provider;
 :func:`optimized_ops` lists the kernels ONNX Runtime runs after its fusions.
 Needs the optional extra ``stejax[onnx]``.
 """
@@ -16,5 +16,5 @@ from stejax.onnx._graph import OnnxExportError as OnnxExportError
 from stejax.onnx._nnx import export_nnx as export_nnx
 from stejax.onnx._runtime import INTEGER_OPS as INTEGER_OPS
 from stejax.onnx._runtime import integer_op_count as integer_op_count
+from stejax.onnx._runtime import open_runtime as open_runtime
 from stejax.onnx._runtime import optimized_ops as optimized_ops
-from stejax.onnx._runtime import session as session

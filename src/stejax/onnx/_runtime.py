@@ -8,14 +8,14 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-__all__ = ["INTEGER_OPS", "integer_op_count", "optimized_ops", "session"]
+__all__ = ["INTEGER_OPS", "integer_op_count", "open_runtime", "optimized_ops"]
 
 # The integer kernels ORT's CPU execution provider fuses QDQ products into: the standard ones and
 # MatMulIntegerToFloat (com.microsoft: int8/uint8 x int8 -> int32, then x (scale_a * scale_b), float out).
 INTEGER_OPS = ("QLinearMatMul", "QLinearConv", "MatMulInteger", "ConvInteger", "MatMulNBits", "MatMulIntegerToFloat")
 
 
-def session(model: str | os.PathLike | bytes, *, threads: int = 2, optimized_path: str | None = None) -> Any:
+def open_runtime(model: str | os.PathLike | bytes, *, threads: int = 2, optimized_path: str | None = None) -> Any:
     """An ``onnxruntime.InferenceSession`` on the CPU execution provider with ``threads`` intra-op threads.
 
     ``optimized_path``: where ORT writes the graph it runs (after its fusions).
@@ -42,7 +42,7 @@ def optimized_ops(model: str | os.PathLike | bytes, *, threads: int = 2) -> coll
 
     with tempfile.TemporaryDirectory(prefix="stejax-onnx-") as tmp:
         path = Path(tmp) / "optimized.onnx"
-        session(model, threads=threads, optimized_path=str(path))
+        open_runtime(model, threads=threads, optimized_path=str(path))
         graph = onnx.load(str(path)).graph
         return collections.Counter(node.op_type for node in graph.node)
 
