@@ -47,6 +47,14 @@ def lm_group() -> None:
 )
 @deprecated_option("--config", "config_name", type=click.Choice(_CONFIG_NAMES))
 @click.option(
+    "--input-block",
+    type=click.Choice(["32", "256"]),
+    default=None,
+    help="Quantise each linear's int8 input per block of this many values, as llama.cpp does: 32 (Q8_0) for "
+    "a model exported with Q8_0 or Q4_0 weights, 256 (Q8_K) for TQ2_0 or TQ1_0; llama.cpp then quantises "
+    "the inputs as the model does. Default: one scale per token.",
+)
+@click.option(
     "--from",
     "from_run",
     type=directory(exists=True),
@@ -90,6 +98,7 @@ def lm_group() -> None:
 def train_command(
     out: Path,
     config_name: str,
+    input_block: str | None,
     from_run: Path | None,
     steps: int,
     batch_size: int,
@@ -114,6 +123,7 @@ def train_command(
 
     from stejax import keys
     from stejax.lm import (
+        CONFIGS,
         LMConfig,
         TrainSettings,
         Transformer,
@@ -124,6 +134,10 @@ def train_command(
         train_lm,
     )
 
+    try:
+        config = CONFIGS[config_name].with_input_block(None if input_block is None else int(input_block))
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--input-block") from None
     if from_run is not None:
         model_config = LMConfig(**json.loads((from_run / "config.json").read_text())["model"])
     else:
@@ -137,7 +151,7 @@ def train_command(
     model: nnx.Module = Transformer(model_config, rngs=nnx.Rngs(params=init_seed))
     if from_run is not None:
         model = load_checkpoint(model, from_run / "params.safetensors")
-    model = quantize_lm(model, config_name)
+    model = quantize_lm(model, config_name if config.input_block is None else config)
     settings = TrainSettings(
         steps=steps,
         batch_size=batch_size,
@@ -152,6 +166,7 @@ def train_command(
             {
                 "model": model_config.to_dict(),
                 "config": config_name,
+                "input_block": config.input_block,
                 "settings": settings.to_dict(),
                 "seed": seed,
                 "from": str(from_run) if from_run else None,
@@ -162,9 +177,10 @@ def train_command(
         + "\n"
     )
     console = Console()
+    blocks = "" if config.input_block is None else f", inputs per block of {config.input_block}"
     console.print(
         Text(
-            f"training {config_name} ({sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))} "
+            f"training {config_name}{blocks} ({sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))} "
             f"parameters, {steps} steps) on {data.source}"
         )
     )
@@ -184,6 +200,7 @@ def train_command(
     test_bpb = bits_per_byte(result.model, data.data["test"][:65536])
     report = {
         "config": config_name,
+        "input_block": config.input_block,
         "test_bpb": test_bpb,
         "step_ms_median": result.step_ms_median,
         "scored": "first 65536 bytes of the test split",
@@ -313,10 +330,11 @@ def compare_command(
 )
 @click.option(
     "--ternary",
-    type=click.Choice(["TQ2_0", "TQ1_0"]),
+    type=click.Choice(["TQ2_0", "TQ1_0", "Q4_0"]),
     default="TQ2_0",
     show_default=True,
-    help="With --format gguf: the type of ternary weights whose rows are multiples of 256 (2.06 or 1.69 bits).",
+    help="With --format gguf: the type of ternary weights whose rows are multiples of 256 (2.06, 1.69 or 4.5 "
+    "bits; Q4_0's inputs are blocks of 32, as a model trained with --input-block 32 quantises them).",
 )
 def export_command(run: Path, out: Path, format_: str, ternary: str) -> None:
     """Pack RUN's weights at their bit width into the artifact OUT (safetensors, manifest, hashes).
@@ -330,7 +348,7 @@ def export_command(run: Path, out: Path, format_: str, ternary: str) -> None:
         return
     from flax import nnx
 
-    from stejax.lm import LMConfig, Transformer, load_checkpoint
+    from stejax.lm import CONFIGS, LMConfig, Transformer, load_checkpoint
     from stejax.lm._export import export_lm, predicted_size
 
     if out.exists():
@@ -341,10 +359,11 @@ def export_command(run: Path, out: Path, format_: str, ternary: str) -> None:
             "`stejax lm train` or one of `stejax lm compare` (OUT/seed<S>/<configuration>).",
             param_hint="RUN_OR_ARTIFACT",
         )
-    config = json.loads((run / "config.json").read_text())
-    model = load_checkpoint(Transformer(LMConfig(**config["model"]), rngs=nnx.Rngs(0)), run / "params.safetensors")
-    size = predicted_size(model, config["config"])
-    export_lm(model, config["config"], out, extra={"run": str(run)})
+    run_config = json.loads((run / "config.json").read_text())
+    model = load_checkpoint(Transformer(LMConfig(**run_config["model"]), rngs=nnx.Rngs(0)), run / "params.safetensors")
+    config = CONFIGS[run_config["config"]].with_input_block(run_config.get("input_block"))
+    size = predicted_size(model, config)
+    export_lm(model, config, out, extra={"run": str(run)})
     actual = (out / "weights.safetensors").stat().st_size
     console = Console()
     console.print(
@@ -367,12 +386,15 @@ def _export_gguf(source: Path, out: Path, ternary: str) -> None:
     for kind in result.types.values():
         counts[kind] = counts.get(kind, 0) + 1
     kinds = ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
-    Console().print(
+    console = Console()
+    console.print(
         Text(
             f"wrote {out}: {result.bytes} bytes, {result.config} as {kinds} tensors; "
             f"block weights {result.bits_per_weight:.4g} bits each"
         )
     )
+    for note in result.input_differences:
+        console.print(Text(f"note: {note}."))
 
 
 @lm_group.command("sample")

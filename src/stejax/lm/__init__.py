@@ -29,6 +29,7 @@ from stejax.lm._gguf import GGUFExport as GGUFExport
 from stejax.lm._gguf import export_gguf as export_gguf
 from stejax.lm._gguf import gguf_name as gguf_name
 from stejax.lm._gguf import gguf_types as gguf_types
+from stejax.lm._gguf import input_differences as input_differences
 from stejax.lm._gguf import llama_differences as llama_differences
 from stejax.lm._gguf import read_gguf as read_gguf
 from stejax.lm._llamacpp import LlamaCppGeneration as LlamaCppGeneration

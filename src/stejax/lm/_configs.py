@@ -19,7 +19,7 @@ from typing import Any
 import jax
 from flax import nnx
 
-from stejax.lm._quantisers import activation_quantiser, weight_quantiser
+from stejax.lm._quantisers import LLAMACPP_BLOCKS, activation_quantiser, weight_quantiser
 
 __all__ = ["CONFIGS", "SITES", "LMQuant", "quantised_paths", "quantize_lm", "rules_for"]
 
@@ -39,6 +39,10 @@ class LMQuant:
         per tensor for 1.58).
       ste: whether rounding has a straight-through gradient.
       description: in words, for the report.
+      input_block: ``None``: one input scale per token; ``32`` or ``256``: one per
+        block of that many input values, as llama.cpp quantises a quantised
+        product's input (Q8_0, the input of Q8_0 and Q4_0 weights; Q8_K, of TQ1_0
+        and TQ2_0). 8-bit inputs only. See :meth:`with_input_block`.
     """
 
     name: str
@@ -47,11 +51,53 @@ class LMQuant:
     group: int | None
     ste: bool
     description: str
+    input_block: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.input_block is not None:
+            if self.input_block not in LLAMACPP_BLOCKS:
+                raise ValueError(
+                    f"LMQuant {self.name!r}: input_block must be 32 (llama.cpp's Q8_0), 256 (Q8_K) or None "
+                    f"(per token); got {self.input_block!r}."
+                )
+            if self.input_bits != 8:
+                raise ValueError(
+                    f"LMQuant {self.name!r}: input blocks are llama.cpp's 8-bit inputs; the configuration's inputs "
+                    f"are {'float' if self.input_bits is None else f'{self.input_bits}-bit'}, expected 8-bit."
+                )
+
+    def with_input_block(self, block: int | None) -> LMQuant:
+        """This configuration with its inputs quantised per block of ``block`` values (None: per token).
+
+        Train with the block of the GGUF type the model will be exported to
+        (32 for Q8_0 and Q4_0 weights, 256 for TQ1_0 and TQ2_0) and llama.cpp
+        quantises every product's input to the codes and scales stejax uses.
+        The name is kept; the description says the block.
+
+        Raises:
+          ValueError: a block other than 32, 256 or None, or a configuration whose inputs are not 8-bit.
+
+        Example:
+          >>> CONFIGS["w8a8"].with_input_block(32).description
+          'int8 per-channel weights, int8 dynamic activations per block of 32 (llama.cpp Q8_0)'
+        """
+        description = self.description
+        if self.input_block is not None and self.name in CONFIGS:  # start from the per-token wording
+            description = CONFIGS[self.name].description
+        if block is not None:
+            kind = LLAMACPP_BLOCKS.get(block, "?")
+            if "per-token " in description:
+                description = description.replace("per-token ", "") + f" per block of {block} (llama.cpp {kind})"
+            else:
+                description += f"; int8 activations per block of {block} (llama.cpp {kind})"
+        return dataclasses.replace(self, input_block=block, description=description)
 
     def quantisers(self) -> tuple[Callable[[jax.Array], jax.Array] | None, Callable[[jax.Array], jax.Array] | None]:
         """(weight quantiser, input quantiser), each None for float."""
         w = None if self.weight_bits is None else weight_quantiser(self.weight_bits, group=self.group, ste=self.ste)
-        a = None if self.input_bits is None else activation_quantiser(self.input_bits, ste=self.ste)
+        a = None
+        if self.input_bits is not None:
+            a = activation_quantiser(self.input_bits, block=self.input_block, ste=self.ste)
         return w, a
 
     def to_dict(self) -> dict[str, Any]:

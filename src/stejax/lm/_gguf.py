@@ -15,7 +15,7 @@ stejax weights         GGUF type                                  a block of 32 
 int8, per channel      Q8_0 (8.5 bits a weight)                   the 32 codes and the channel's scale
 int4, groups of 32     Q4_0 (4.5)                                 the 32 codes + 8 and the group's scale
 int2, groups of 32     Q4_0 (4.5)                                 the 32 codes + 8 and the group's scale
-ternary (absmean)      TQ2_0 (2.0625) or TQ1_0 (1.6875)           256 trits and the tensor's
+ternary (absmean)      TQ2_0 (2.0625), TQ1_0 (1.6875) or Q4_0     256 (32) trits and the tensor's
                        where a row is a multiple of 256, else     :math:`\gamma` (the inverse of
                        Q4_0                                       stejax's stored scale)
 float                  F32 (or F16)                               the values
@@ -27,10 +27,16 @@ scale; stejax's is ``code * scale`` (``code / scale`` for ternary), so the two
 agree to float16's rounding of the scale (a relative :math:`2^{-11}` at most;
 a scale outside float16's normal range is refused rather than flushed).
 
-What llama.cpp computes differently (not a property of the file): it quantises
-a quantised product's input to int8 per block of 32 values (Q8_0; per 256 with
-a float32 scale, Q8_K, for TQ1_0/TQ2_0), where stejax's w*a8 configurations use
-one int8 scale per token, and its float32 sums run in another order.
+How llama.cpp quantises a quantised product's input (not a property of the
+file): to int8 per block of 32 values with a float16 scale (Q8_0) for Q8_0 and
+Q4_0 weights, per block of 256 with a float32 scale (Q8_K) for TQ1_0 and TQ2_0.
+A configuration trained with that block (``LMQuant.with_input_block(32)``, or
+256 for a model whose ternary tensors are all TQ1_0/TQ2_0) computes what the
+file computes, but for float16's rounding of each weight scale and the order
+of float32 sums. One trained per token (one
+int8 scale per row, the presets' default) or with the other block still
+exports: llama.cpp's products then approximate the model's, and
+:attr:`GGUFExport.input_differences` says which tensors differ and how.
 
 A model that llama's computation does not express is refused, by name:
 learned positions, a GELU MLP, a tied head, BitNet's SubLN norm placement
@@ -56,11 +62,14 @@ import numpy as np
 
 __all__ = [
     "BITS_PER_WEIGHT",
+    "INPUT_TYPES",
+    "TERNARY_TYPES",
     "GGUFError",
     "GGUFExport",
     "export_gguf",
     "gguf_name",
     "gguf_types",
+    "input_differences",
     "llama_differences",
     "read_gguf",
 ]
@@ -76,6 +85,16 @@ BITS_PER_WEIGHT: dict[str, float] = {
 }
 # (weights per block, bytes per block) of the quantised types.
 _BLOCKS = {"Q8_0": (32, 34), "Q4_0": (32, 18), "TQ2_0": (256, 66), "TQ1_0": (256, 54)}
+# The types ternary kernels whose rows are multiples of 256 may take.
+TERNARY_TYPES = ("TQ2_0", "TQ1_0", "Q4_0")
+# How llama.cpp's CPU backend quantises the input of a product with each weight type (its vec_dot type):
+# (input type, values per block, the block scale's type).
+INPUT_TYPES: dict[str, tuple[str, int, str]] = {
+    "Q8_0": ("Q8_0", 32, "float16"),
+    "Q4_0": ("Q8_0", 32, "float16"),
+    "TQ2_0": ("Q8_K", 256, "float32"),
+    "TQ1_0": ("Q8_K", 256, "float32"),
+}
 ROPE_BASE = 10000.0  # stejax.lm.rotary's theta base
 _FP16_NORMAL = (2.0**-14, 65504.0)
 
@@ -95,6 +114,9 @@ class GGUFExport:
       types: GGUF type per tensor name (``{"blk.0.attn_q.weight": "TQ2_0", ...}``).
       bits_per_weight: the quantised block weights' bits per weight, over all of them
         (every weight of the blocks' linear layers; the float configuration's F32/F16).
+      input_differences: how llama.cpp's quantisation of the quantised products'
+        inputs differs from the configuration's, one sentence per difference
+        (empty: llama.cpp quantises every input as the model does).
     """
 
     path: Path
@@ -102,6 +124,7 @@ class GGUFExport:
     config: str
     types: Mapping[str, str]
     bits_per_weight: float
+    input_differences: tuple[str, ...] = ()
 
 
 # ----------------------------------------------------------------------------------------------- names and checks
@@ -199,13 +222,12 @@ def _type_for(name: str, gguf: str, shape: tuple[int, ...], config: Any, ternary
     if bits is None:
         return float_type
     if bits == 1.58:
-        if n_in % 256 == 0:
+        if n_in % _BLOCKS[ternary][0] == 0:
             return ternary
         if n_in % 32 == 0:
             return "Q4_0"
-        raise GGUFError(
-            _multiple_message(name, gguf, shape, f"ternary needs {ternary} (blocks of 256) or Q4_0, which", 32)
-        )
+        kind = "Q4_0" if ternary == "Q4_0" else f"ternary needs {ternary} (blocks of 256) or Q4_0, which"
+        raise GGUFError(_multiple_message(name, gguf, shape, kind, 32))
     kind = "Q8_0" if bits == 8 else "Q4_0"
     if n_in % 32:
         raise GGUFError(_multiple_message(name, gguf, shape, kind, 32))
@@ -223,7 +245,7 @@ def gguf_types(
     Args:
       model: the :class:`~stejax.lm.LMConfig`.
       config: the :class:`~stejax.lm.LMQuant` or its name.
-      ternary: ``"TQ2_0"`` or ``"TQ1_0"`` for ternary kernels whose rows are multiples of 256.
+      ternary: ``"TQ2_0"``, ``"TQ1_0"`` or ``"Q4_0"`` for ternary kernels whose rows are multiples of 256.
       float_type: ``"F32"`` or ``"F16"`` for the float configuration's block kernels.
 
     Raises:
@@ -233,8 +255,8 @@ def gguf_types(
     from stejax.lm._configs import CONFIGS
 
     config = CONFIGS[config] if isinstance(config, str) else config
-    if ternary not in ("TQ2_0", "TQ1_0"):
-        raise GGUFError(f"ternary must be 'TQ2_0' or 'TQ1_0'; got {ternary!r}.")
+    if ternary not in TERNARY_TYPES:
+        raise GGUFError(f"ternary must be one of {', '.join(map(repr, TERNARY_TYPES))}; got {ternary!r}.")
     if float_type not in ("F32", "F16"):
         raise GGUFError(f"float_type must be 'F32' or 'F16'; got {float_type!r}.")
     differences = llama_differences(model, config)
@@ -257,6 +279,64 @@ def gguf_types(
         out[f"blk.{i}.ffn_norm.weight"] = ("F32", (d,))
     out["output_norm.weight"] = ("F32", (d,))
     out["output.weight"] = ("F32", (d, 256))
+    return out
+
+
+def input_differences(types: Mapping[str, str], config: Any) -> list[str]:
+    """How llama.cpp quantises the inputs of a file's quantised products, where that differs from ``config``.
+
+    llama.cpp quantises the input of a product with Q8_0 or Q4_0 weights to
+    int8 per block of 32 values with a float16 scale (Q8_0), and of one with
+    TQ1_0 or TQ2_0 weights per block of 256 with a float32 scale (Q8_K)
+    (:data:`INPUT_TYPES`). A configuration whose ``input_block`` is that block
+    quantises the same values to the same codes and scales.
+
+    Args:
+      types: GGUF type per tensor name (:attr:`GGUFExport.types`, or the types of :func:`gguf_types`).
+      config: the :class:`~stejax.lm.LMQuant` or its name.
+
+    Returns:
+      one sentence per kind of input that differs, naming the tensors, both
+      schemes and what would match; empty where every input matches (and for
+      a file without quantised products).
+
+    Example:
+      >>> types = {"blk.0.attn_q.weight": "Q8_0", "blk.0.ffn_down.weight": "Q8_0"}
+      >>> input_differences(types, "w8a8")[0][:90]
+      'the inputs of 2 Q8_0 tensors: llama.cpp quantises them to int8 per block of 32 values with'
+      >>> from stejax.lm import CONFIGS
+      >>> input_differences(types, CONFIGS["w8a8"].with_input_block(32))
+      []
+    """
+    from stejax.lm._configs import CONFIGS
+    from stejax.lm._quantisers import LLAMACPP_BLOCKS
+
+    config = CONFIGS[config] if isinstance(config, str) else config
+    counts: dict[tuple[str, int, str], dict[str, int]] = {}
+    for kind in types.values():
+        if kind in INPUT_TYPES:
+            tally = counts.setdefault(INPUT_TYPES[kind], {})
+            tally[kind] = tally.get(kind, 0) + 1
+    if config.input_bits is None:
+        ours = "float inputs"
+    elif config.input_block is None:
+        ours = f"one int{config.input_bits} scale per token"
+    else:
+        ours = f"one int8 scale per block of {config.input_block} ({LLAMACPP_BLOCKS[config.input_block]})"
+    out = []
+    for (kind, block, scale), tally in sorted(counts.items()):
+        if config.input_block == block:
+            continue
+        if config.input_block == 32:  # only ternary kernels take TQ1_0/TQ2_0
+            match = "write them as Q4_0 (ternary='Q4_0'), whose inputs are Q8_0 blocks of 32"
+        else:
+            match = f"train with input blocks of {block} (LMQuant.with_input_block({block}))"
+        tensors = ", ".join(f"{n} {k}" for k, n in sorted(tally.items()))
+        out.append(
+            f"the inputs of {tensors} tensors: llama.cpp quantises them to int8 per block of {block} values with a "
+            f"{scale} scale ({kind}), where configuration {config.name!r} uses {ours}, so llama.cpp's products "
+            f"approximate the model's; to compute what it computes, {match}"
+        )
     return out
 
 
@@ -392,12 +472,14 @@ def _from_run(root: Path) -> _Weights:
 
     from flax import nnx
 
+    from stejax.lm._configs import CONFIGS
     from stejax.lm._model import LMConfig, Transformer
     from stejax.lm._train import load_checkpoint
 
     run = json.loads((root / "config.json").read_text())
     model = load_checkpoint(Transformer(LMConfig(**run["model"]), rngs=nnx.Rngs(0)), root / "params.safetensors")
-    return _from_model(model, run["config"], str(root))
+    config = CONFIGS[run["config"]].with_input_block(run.get("input_block"))
+    return _from_model(model, config, str(root))
 
 
 def _load_source(source: Any, config: Any) -> _Weights:
@@ -480,11 +562,16 @@ def export_gguf(
       config: the model's configuration (an :class:`~stejax.lm.LMQuant` or its
         name), only with a model.
       ternary: the type of ternary kernels whose rows are multiples of 256:
-        ``"TQ2_0"`` (2.0625 bits a weight, llama.cpp's faster one) or ``"TQ1_0"`` (1.6875).
+        ``"TQ2_0"`` (2.0625 bits a weight, llama.cpp's faster one), ``"TQ1_0"``
+        (1.6875), or ``"Q4_0"`` (4.5; its inputs are quantised per block of 32,
+        as a configuration trained with input blocks of 32 quantises them).
       float_type: ``"F32"`` or ``"F16"`` for the float configuration's block kernels.
 
     Returns:
-      a :class:`GGUFExport`.
+      a :class:`GGUFExport`; its ``input_differences`` say where llama.cpp
+      quantises a product's input otherwise than the configuration (a
+      configuration trained per token, or with the other block), in which case
+      llama.cpp's logits approximate the model's rather than repeat them.
 
     Raises:
       GGUFError: a model that differs from llama's computation (each difference
@@ -521,6 +608,8 @@ def export_gguf(
         writer.add_tokenizer_model("none")
         writer.add_key_value("stejax.configuration", cfg.name, GGUFValueType.STRING)
         writer.add_key_value("stejax.description", cfg.description, GGUFValueType.STRING)
+        if cfg.input_block is not None:
+            writer.add_key_value("stejax.input_block", cfg.input_block, GGUFValueType.UINT32)
         for gguf, (_, array, raw) in plan.items():
             writer.add_tensor(gguf, array, raw_dtype=raw)
         writer.write_header_to_file()
@@ -538,7 +627,8 @@ def export_gguf(
     sizes = gguf_types(model, cfg, ternary=ternary, float_type=float_type)
     n = sum(math.prod(sizes[g][1]) for g in block)
     bits = sum(BITS_PER_WEIGHT[kinds[g]] * math.prod(sizes[g][1]) for g in block) / n
-    return GGUFExport(target, target.stat().st_size, cfg.name, kinds, bits)
+    notes = tuple(input_differences(kinds, cfg))
+    return GGUFExport(target, target.stat().st_size, cfg.name, kinds, bits, notes)
 
 
 def _rms_eps() -> float:
