@@ -8,7 +8,6 @@ does not import it. Guide: ``docs/lm.md``.
 
 from stejax.lm._compare import FULL as FULL
 from stejax.lm._compare import QUICK as QUICK
-from stejax.lm._compare import TARGETS as TARGETS
 from stejax.lm._compare import CompareSettings as CompareSettings
 from stejax.lm._compare import compare_lm as compare_lm
 from stejax.lm._compare import train_from_scratch as train_from_scratch

@@ -66,8 +66,6 @@ from stejax.lm._train import LMTrainResult, TrainSettings, bits_per_byte, train_
 __all__ = [
     "FULL",
     "QUICK",
-    "SCRATCH_TARGETS",
-    "TARGETS",
     "CompareSettings",
     "compare_lm",
     "train_from_scratch",
