@@ -92,13 +92,18 @@ def test_entry_is_documented(entry):
 
 @pytest.mark.parametrize("entry", ENTRIES, ids=IDS)
 def test_forward_equals_the_declared_forward(entry, dtype):
-    for params in entry.param_grid():
-        fn, forward, _, _, x, args = _case(entry, dtype, params)
+    cases = [(params, _case(entry, dtype, params)) for params in entry.param_grid()]
+    # Every listed parameter set under one jit: one compiled program per entry and dtype.
+    jitted = jax.jit(lambda inputs: [c[0](x, *args) for (_, c), (x, args) in zip(cases, inputs)])(
+        [(c[4], c[5]) for _, c in cases]
+    )
+    for (params, (fn, forward, _, _, x, args)), y_jit in zip(cases, jitted, strict=True):
         expected = np.asarray(forward(x, *args))
         context = f"{entry.name}{params}"
-        assert_bitwise_equal(fn(x, *args), expected, context=context)
-        assert_bitwise_equal(jax.jit(fn)(x, *args), expected, context=f"jit {context}")
-        assert fn(x, *args).dtype == dtype
+        y = fn(x, *args)
+        assert_bitwise_equal(y, expected, context=context)
+        assert_bitwise_equal(y_jit, expected, context=f"jit {context}")
+        assert y.dtype == dtype
 
 
 @pytest.mark.parametrize("entry", ENTRIES, ids=IDS)
@@ -137,44 +142,54 @@ def test_grad_is_the_transposed_tangent(entry):
 @pytest.mark.parametrize("entry", ENTRIES, ids=IDS)
 def test_compositions_agree_with_eager(entry):
     fn, _, _, _, xs, args = _case(entry, np.float32)
-    w = jnp.asarray(np.random.default_rng(4).standard_normal(fn(xs, *args).shape).astype(np.float32))
+    eager = fn(xs, *args)
+    w = jnp.asarray(np.random.default_rng(4).standard_normal(eager.shape).astype(np.float32))
+    t = jnp.asarray(np.random.default_rng(6).standard_normal(xs.shape).astype(np.float32))
     in_axes = (0,) + (None,) * len(args)
-
-    # vmap over the leading axis against a Python loop.
-    looped = jnp.stack([fn(x, *args) for x in xs])
-    assert_bitwise_equal(jax.vmap(fn, in_axes=in_axes)(xs, *args), np.asarray(looped), context="vmap")
-    assert_bitwise_equal(jax.jit(jax.vmap(fn, in_axes=in_axes))(xs, *args), np.asarray(looped), context="jit")
 
     def row_loss(x, wi):
         return jnp.sum(fn(x, *args) * wi)
 
-    looped_grads = jnp.stack([jax.grad(row_loss)(x, wi) for x, wi in zip(xs, w)])
-    vmap_grad = jax.vmap(jax.grad(row_loss))(xs, w)
-    grad_vmap = jax.grad(lambda xs: jnp.sum(jax.vmap(fn, in_axes=in_axes)(xs, *args) * w))(xs)
-    np.testing.assert_allclose(vmap_grad, looped_grads, rtol=1e-6, atol=1e-7, err_msg="vmap of grad")
-    np.testing.assert_allclose(grad_vmap, looped_grads, rtol=1e-6, atol=1e-7, err_msg="grad of vmap")
+    def loss(xs):
+        return jnp.sum(fn(xs, *args) * w)
 
-    # Inside lax.scan over the rows, and under checkpoint.
     def body(total, xw):
         x, wi = xw
         return total + row_loss(x, wi), None
 
-    def scanned(xs):
-        return jax.lax.scan(body, jnp.float32(0.0), (xs, w))[0]
+    def compositions(xs, w, t):
+        # Every transformation in one jitted program, compiled once. (Op by op, eagerly, each
+        # operation and shape compiles an executable of its own.)
+        return {
+            "forward": fn(xs, *args),
+            "rows": jnp.stack([fn(x, *args) for x in xs]),
+            "vmap": jax.vmap(fn, in_axes=in_axes)(xs, *args),
+            "row grads": jnp.stack([jax.grad(row_loss)(x, wi) for x, wi in zip(xs, w)]),
+            "vmap of grad": jax.vmap(jax.grad(row_loss))(xs, w),
+            "grad of vmap": jax.grad(lambda xs: jnp.sum(jax.vmap(fn, in_axes=in_axes)(xs, *args) * w))(xs),
+            "scan": jax.grad(lambda xs: jax.lax.scan(body, jnp.float32(0.0), (xs, w))[0])(xs),
+            "checkpoint": jax.grad(lambda xs: jnp.sum(jax.checkpoint(fn)(xs, *args) * w))(xs),
+            "grad": jax.grad(loss)(xs),
+            "jvp": jax.jvp(lambda x: fn(x, *args), (xs,), (t,))[1],
+        }
 
-    np.testing.assert_allclose(jax.grad(scanned)(xs), looped_grads, rtol=1e-6, atol=1e-7, err_msg="scan")
-    remat = jax.grad(lambda xs: jnp.sum(jax.checkpoint(fn)(xs, *args) * w))(xs)
-    plain = jax.grad(lambda xs: jnp.sum(fn(xs, *args) * w))(xs)
-    np.testing.assert_array_equal(remat, plain, err_msg="checkpoint")
-    np.testing.assert_array_equal(jax.jit(jax.grad(lambda xs: jnp.sum(fn(xs, *args) * w)))(xs), plain)
+    out = jax.jit(compositions)(xs, w, t)
 
-    # jvp under jit, and vjp, against eager jvp.
-    t = jnp.asarray(np.random.default_rng(6).standard_normal(xs.shape).astype(np.float32))
-    eager = jax.jvp(lambda x: fn(x, *args), (xs,), (t,))[1]
-    jitted = jax.jit(lambda x, t: jax.jvp(lambda x: fn(x, *args), (x,), (t,))[1])(xs, t)
-    np.testing.assert_array_equal(jitted, eager, err_msg="jit of jvp")
+    # vmap over the leading axis against a loop over the rows, in one jitted program.
+    assert_bitwise_equal(out["vmap"], np.asarray(out["rows"]), context="jit of vmap")
+    looped_grads = out["row grads"]
+    for name in ("vmap of grad", "grad of vmap", "scan"):
+        np.testing.assert_allclose(out[name], looped_grads, rtol=1e-6, atol=1e-7, err_msg=name)
+    np.testing.assert_array_equal(out["checkpoint"], out["grad"], err_msg="checkpoint")
+
+    # Eagerly: the forward, the gradient (by vjp) and the jvp, against the jitted program. (Eager and
+    # jitted forwards are compared for every dtype and parameter in test_forward_equals_the_declared_forward.)
+    assert_bitwise_equal(out["forward"], np.asarray(eager), context="jit vs eager forward")
     _, pullback = jax.vjp(lambda x: fn(x, *args), xs)
-    np.testing.assert_array_equal(pullback(w)[0], plain, err_msg="vjp")
+    eager_grad = pullback(w)[0]
+    np.testing.assert_array_equal(out["grad"], eager_grad, err_msg="jit of grad vs eager vjp")
+    eager_jvp = jax.jvp(lambda x: fn(x, *args), (xs,), (t,))[1]
+    np.testing.assert_array_equal(out["jvp"], eager_jvp, err_msg="jit of jvp")
 
 
 @pytest.mark.parametrize("entry", ENTRIES, ids=IDS)
@@ -182,8 +197,11 @@ def test_jacobians_and_hessian(entry):
     fn, _, _, _, xs, args = _case(entry, np.float32)
     x = xs[0]
     row = lambda x: fn(x, *args)  # noqa: E731
-    np.testing.assert_allclose(jax.jacfwd(row)(x), jax.jacrev(row)(x), rtol=1e-6, atol=1e-7)
-    hess = jax.hessian(lambda x: jnp.sum(row(x)))(x)
+    # One jitted program for the three: traced the same way as eagerly, compiled once.
+    fwd, rev, hess = jax.jit(
+        lambda x: (jax.jacfwd(row)(x), jax.jacrev(row)(x), jax.hessian(lambda x: jnp.sum(row(x)))(x))
+    )(x)
+    np.testing.assert_allclose(fwd, rev, rtol=1e-6, atol=1e-7)
     assert hess.shape == x.shape * 2 and hess.dtype == x.dtype
 
 

@@ -144,9 +144,10 @@ def test_fsq_forward(levels, dtype):
     assert eager.dtype == dtype and eager.shape == z.shape
     # Bit for bit: the documented formula written with jnp, eagerly and under jit.
     assert_bitwise_equal(eager, np.asarray(_fsq_jnp(zj, levels)), context="eager vs jnp formula")
-    formula_jit = jax.jit(functools.partial(_fsq_jnp, levels=levels))
-    assert_bitwise_equal(np.asarray(jax.jit(run)(zj)), np.asarray(formula_jit(zj)), context="jit vs jnp formula")
-    assert_bitwise_equal(np.asarray(jax.jit(run)(zj)), eager, context="jit vs eager")
+    # Both jitted in one program, compiled once.
+    jitted, formula_jit = jax.jit(lambda z: (run(z), _fsq_jnp(z, levels)))(zj)
+    assert_bitwise_equal(np.asarray(jitted), np.asarray(formula_jit), context="jit vs jnp formula")
+    assert_bitwise_equal(np.asarray(jitted), eager, context="jit vs eager")
     # Against NumPy, bit for bit away from the ties (see _tie_window).
     near = _assert_fsq_matches_numpy(eager, z, levels, f"fsq {levels}")
     if dtype != np.float32:
@@ -157,7 +158,7 @@ def test_fsq_forward(levels, dtype):
 @pytest.mark.parametrize("levels", LEVELS, ids=str)
 def test_fsq_takes_exactly_the_levels(levels):
     z = np.repeat(np.linspace(-10, 10, 4001, dtype=np.float32)[:, None], len(levels), axis=1)
-    y = np.asarray(fsq(jnp.asarray(z), levels=levels))
+    y = np.asarray(jax.jit(functools.partial(fsq, levels=levels))(jnp.asarray(z)))  # one program, not op by op
     for i, level in enumerate(levels):
         half_width = level // 2
         grid = (np.arange(level) - half_width).astype(np.float32) * np.float32(1 / half_width)
@@ -205,11 +206,14 @@ def test_fsq_gradient_and_jvp(levels, dtype):
     expected = _fsq_derivative_numpy(z, levels)
     tol = _fsq_derivative_tolerance(levels, dtype)
 
-    grad = np.asarray(jax.grad(lambda z: jnp.sum(run(z)))(jnp.asarray(z)))
+    # The gradient and the jvp in one jitted program, compiled once.
+    grad, (_, ty) = jax.jit(lambda z, t: (jax.grad(lambda z: jnp.sum(run(z)))(z), jax.jvp(run, (z,), (t,))))(
+        jnp.asarray(z), jnp.asarray(t)
+    )
+    grad = np.asarray(grad)
     assert grad.dtype == dtype
     np.testing.assert_allclose(grad.astype(np.float64), expected, **tol)
 
-    _, ty = jax.jvp(run, (jnp.asarray(z),), (jnp.asarray(t),))
     assert ty.dtype == dtype
     # One rounding of d * t in dtype on top of the derivative's own.
     np.testing.assert_allclose(
@@ -271,10 +275,14 @@ def _indices_numpy(codes: np.ndarray, levels) -> np.ndarray:
 def test_fsq_indices_round_trip(levels):
     size = math.prod(levels)
     indices = jnp.arange(size, dtype=jnp.int32)
-    codes = fsq_indices_to_codes(indices, levels=levels)
+
+    def there_and_back(indices):  # one jitted program, not op by op
+        codes = fsq_indices_to_codes(indices, levels=levels)
+        return codes, fsq_codes_to_indices(codes, levels=levels)
+
+    codes, back = jax.jit(there_and_back)(indices)
     assert codes.shape == (size, len(levels)) and codes.dtype == jnp.float32
     assert len(np.unique(np.asarray(codes), axis=0)) == size
-    back = fsq_codes_to_indices(codes, levels=levels)
     assert back.dtype == jnp.int32
     np.testing.assert_array_equal(np.asarray(back), np.arange(size))
     np.testing.assert_array_equal(np.asarray(back), _indices_numpy(np.asarray(codes), levels))
@@ -283,10 +291,14 @@ def test_fsq_indices_round_trip(levels):
 @pytest.mark.parametrize("levels", LEVELS[:2], ids=str)
 def test_fsq_codes_round_trip_bitwise(levels, dtype):
     z = jnp.asarray((np.random.default_rng(2).standard_normal((64, len(levels))) * 2).astype(dtype))
-    y = fsq(z, levels=levels)
-    indices = fsq_codes_to_indices(y, levels=levels)
+
+    def round_trip(z):  # one jitted program, not op by op
+        y = fsq(z, levels=levels)
+        indices = fsq_codes_to_indices(y, levels=levels)
+        return y, indices, fsq_indices_to_codes(indices, levels=levels, dtype=dtype)
+
+    y, indices, codes = jax.jit(round_trip)(z)
     np.testing.assert_array_equal(np.asarray(indices), _indices_numpy(np.asarray(y), levels))
-    codes = fsq_indices_to_codes(indices, levels=levels, dtype=dtype)
     assert_bitwise_equal(codes, np.asarray(y), context="fsq -> indices -> codes")
 
 
@@ -380,12 +392,25 @@ def test_vq_gradients_and_losses(dtype):
     q = codebook[idx].astype(np.float64)
     n = z.size
 
+    def program(z, c):
+        # Every gradient in one jitted program, compiled once.
+        def grads(loss):
+            return jax.grad(lambda z, c: loss(vq_ste(z, c)), argnums=(0, 1))(z, c)
+
+        return {
+            "quantized": grads(lambda out: jnp.sum(out.quantized * wj)),
+            "jvp": jax.jvp(lambda z: vq_quantize(z, c), (z,), (wj,))[1],
+            "commitment": grads(lambda out: out.commitment_loss),
+            "codebook": grads(lambda out: out.codebook_loss),
+        }
+
+    jitted = jax.jit(program)(zj, cj)
+
     # Straight through to z; the codebook is a constant of the quantized path.
-    gz, gc = jax.grad(lambda z, c: jnp.sum(vq_ste(z, c).quantized * wj), argnums=(0, 1))(zj, cj)
+    gz, gc = jitted["quantized"]
     assert_bitwise_equal(gz, w, context="dq/dz = I")
     assert_bitwise_equal(gc, np.zeros_like(codebook), context="no codebook gradient through q")
-    _, tq = jax.jvp(lambda z: vq_quantize(z, cj), (zj,), (wj,))
-    assert_bitwise_equal(tq, w, context="jvp")
+    assert_bitwise_equal(jitted["jvp"], w, context="jvp")
 
     out = vq_ste(zj, cj)
     assert out.commitment_loss.dtype == out.codebook_loss.dtype == dtype
@@ -398,13 +423,13 @@ def test_vq_gradients_and_losses(dtype):
     np.testing.assert_allclose(float(out.codebook_loss), loss, **tol)
 
     # Commitment: gradient 2 (z - q) / N to z only.
-    gz, gc = jax.grad(lambda z, c: vq_ste(z, c).commitment_loss, argnums=(0, 1))(zj, cj)
+    gz, gc = jitted["commitment"]
     grad_tol = {"rtol": 4 * _eps(dtype), "atol": 4 * _eps(dtype) / n}
     np.testing.assert_allclose(np.asarray(gz).astype(np.float64), 2 * (z - q) / n, **grad_tol)
     assert_bitwise_equal(gc, np.zeros_like(codebook), context="commitment -> codebook")
 
     # Codebook: gradient 2 (q - z) / N scattered onto the chosen codes, none to z.
-    gz, gc = jax.grad(lambda z, c: vq_ste(z, c).codebook_loss, argnums=(0, 1))(zj, cj)
+    gz, gc = jitted["codebook"]
     expected = np.zeros(codebook.shape)
     np.add.at(expected, idx.reshape(-1), (2 * (q - z.astype(np.float64)) / n).reshape(-1, 3))
     np.testing.assert_allclose(np.asarray(gc).astype(np.float64), expected, **grad_tol)
@@ -499,7 +524,12 @@ def test_rotation_tangent_matches_numpy(dtype):
 def test_rotation_gradient_is_the_transpose(dtype):
     z, codebook, q = _rotation_case(dtype, seed=9)
     w = np.random.default_rng(10).standard_normal(z.shape).astype(dtype)
-    grad = jax.grad(lambda z: jnp.sum(rotation_trick(z, jnp.asarray(codebook)) * jnp.asarray(w)))(jnp.asarray(z))
+
+    def loss(z, c):
+        return jnp.sum(rotation_trick(z, c) * jnp.asarray(w))
+
+    # Both gradients in one jitted program, compiled once.
+    grad, gc = jax.jit(jax.grad(loss, argnums=(0, 1)))(jnp.asarray(z), jnp.asarray(codebook))
     assert grad.dtype == dtype
     tol = _rotation_tolerance(dtype)
     for i in range(len(z)):
@@ -507,7 +537,6 @@ def test_rotation_gradient_is_the_transpose(dtype):
         expected = lam * rot.T @ w[i].astype(np.float64)
         scale = lam * np.linalg.norm(w[i].astype(np.float64))
         np.testing.assert_allclose(np.asarray(grad[i]).astype(np.float64), expected, rtol=0, atol=tol * scale)
-    gc = jax.grad(lambda c: jnp.sum(rotation_trick(jnp.asarray(z), c) * jnp.asarray(w)))(jnp.asarray(codebook))
     assert_bitwise_equal(gc, np.zeros_like(codebook), context="no codebook gradient")
 
 
@@ -641,14 +670,18 @@ def test_gumbel_tangent_and_gradient_match_numpy(dtype, tau):
     t64 = t.astype(np.float64)
     expected = soft * (t64 - (soft * t64).sum(-1, keepdims=True)) / tau
     run = functools.partial(gumbel_softmax_st, key=key, tau=tau)
-    _, ty = jax.jvp(run, (jnp.asarray(logits),), (jnp.asarray(t),))
+
+    def program(x, t):
+        # The tangent and the gradient in one jitted program, compiled once.
+        return jax.jvp(run, (x,), (t,))[1], jax.grad(lambda x: jnp.sum(run(x) * t))(x)
+
+    ty, grad = jax.jit(program)(jnp.asarray(logits), jnp.asarray(t))
     assert ty.dtype == dtype
     # The softmax runs in float32 (exp to a few ulp); low-precision results are rounded once.
     tol = 1e-6 if dtype == np.float32 else 2 * _eps(dtype)
     scale = np.abs(t64).max() / tau
     np.testing.assert_allclose(np.asarray(ty).astype(np.float64), expected, rtol=0, atol=tol * scale)
     # The Jacobian (diag(s) - s s^T) / tau is symmetric: the gradient uses the same formula.
-    grad = jax.grad(lambda x: jnp.sum(run(x) * jnp.asarray(t)))(jnp.asarray(logits))
     np.testing.assert_allclose(np.asarray(grad).astype(np.float64), expected, rtol=0, atol=tol * scale)
 
 

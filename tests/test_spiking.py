@@ -187,29 +187,32 @@ def test_zeros_map_to_plus_zero_and_subnormals_keep_their_side(dtype):
 # ----------------------------------------------------------------------------- derivatives
 
 
-@pytest.mark.parametrize(
-    ("name", "params"),
-    [c for c in CASES if c[0] in EMULATED],
-    ids=[i for c, i in zip(CASES, CASE_IDS, strict=True) if c[0] in EMULATED],
-)
-def test_rational_surrogates_match_the_float32_emulation_bit_for_bit(name, params, dtype):
-    rng = np.random.default_rng(1)
+@pytest.mark.parametrize("name", list(EMULATED))
+def test_rational_surrogates_match_the_float32_emulation_bit_for_bit(name, dtype):
     entry = ENTRIES[name]
-    x = _inputs(rng, dtype, entry.boundaries(**params))
-    expected = EMULATED[name](x, params)
-    fn = functools.partial(PUBLIC[name], **params)
-    t = rng.standard_normal(x.shape).astype(dtype)
-    xj, tj = jnp.asarray(x), jnp.asarray(t)
-    context = f"{name}{params}"
+    cases = []
+    for params in entry.param_grid():
+        rng = np.random.default_rng(1)
+        x = _inputs(rng, dtype, entry.boundaries(**params))
+        t = rng.standard_normal(x.shape).astype(dtype)
+        cases.append((params, functools.partial(PUBLIC[name], **params), x, t))
 
-    assert_bitwise_equal(entry.derivative(xj, **params), expected, context=f"derivative {context}")
-    for mode, g in _both(_grad(fn), xj).items():
-        assert g.dtype == dtype
-        assert_bitwise_equal(g, expected, context=f"grad {mode} {context}")
-    y, ty = jax.jit(lambda x, t: jax.jvp(fn, (x,), (t,)))(xj, tj)
-    assert ty.dtype == y.dtype == dtype
-    # One product of two dtype values, rounded once (NumPy and ml_dtypes round likewise).
-    assert_bitwise_equal(ty, expected * t, context=f"jvp {context}")
+    def program(inputs):
+        # Every listed parameter's gradient and jvp in one jitted program, compiled once.
+        return [(_grad(fn)(x), jax.jvp(fn, (x,), (t,))) for (_, fn, _, _), (x, t) in zip(cases, inputs)]
+
+    jitted = jax.jit(program)([(jnp.asarray(x), jnp.asarray(t)) for _, _, x, t in cases])
+    for (params, fn, x, t), (g_jit, (y, ty)) in zip(cases, jitted, strict=True):
+        expected = EMULATED[name](x, params)
+        xj = jnp.asarray(x)
+        context = f"{name}{params}"
+        assert_bitwise_equal(entry.derivative(xj, **params), expected, context=f"derivative {context}")
+        for mode, g in {"eager": _grad(fn)(xj), "jit": g_jit}.items():
+            assert g.dtype == dtype
+            assert_bitwise_equal(g, expected, context=f"grad {mode} {context}")
+        assert ty.dtype == y.dtype == dtype
+        # One product of two dtype values, rounded once (NumPy and ml_dtypes round likewise).
+        assert_bitwise_equal(ty, expected * t, context=f"jvp {context}")
 
 
 # The rational rules are checked bit for bit at every listed parameter above; here
@@ -224,9 +227,10 @@ def test_surrogates_follow_the_textbook_formula(name, params, dtype):
     rng = np.random.default_rng(2)
     entry = ENTRIES[name]
     x = _inputs(rng, dtype, entry.boundaries(**params))
-    x = x[np.isfinite(x.astype(np.float64))]
+    # Evaluated on all 128 inputs (the length other tests compile for) and compared where finite.
+    finite = np.isfinite(x.astype(np.float64))
     fn = functools.partial(PUBLIC[name], **params)
-    exact = formula64(name, x, params)
+    exact = formula64(name, x[finite], params)
     # The library evaluates in float32 and rounds once to the dtype. float32: the
     # rewritten forms and XLA's exp are within a few float32 ulps of the exact
     # value (the rounded constants 1/k, pi*alpha/2 and 1/w^2 add one ulp each).
@@ -239,7 +243,7 @@ def test_surrogates_follow_the_textbook_formula(name, params, dtype):
     atol = float(TINY32) * params.get("slope", 1.0) if dtype != np.float16 else 2.0**-24
     for mode, g in _both(_grad(fn), jnp.asarray(x)).items():
         np.testing.assert_allclose(
-            np.asarray(g, np.float64), exact, rtol=rtol, atol=atol, err_msg=f"{mode} {name}{params}"
+            np.asarray(g, np.float64)[finite], exact, rtol=rtol, atol=atol, err_msg=f"{mode} {name}{params}"
         )
 
 
@@ -259,6 +263,7 @@ def test_jvp_is_the_declared_derivative_times_the_tangent(name, dtype):
 def test_huge_inputs_give_zero_gradients_and_nan_stays_nan(name, dtype):
     info = ml_dtypes.finfo(dtype)
     x = np.array([info.max, -info.max, np.inf, -np.inf, np.nan], np.float64).astype(dtype)
+    x = np.concatenate([x, np.zeros(128 - x.size, dtype)])  # the length of _inputs: its executables
     for mode, g in _both(_grad(PUBLIC[name]), jnp.asarray(x)).items():
         g = np.asarray(g).astype(np.float64)
         np.testing.assert_array_equal(g[:4], 0.0, err_msg=f"{mode} {name}")
@@ -274,9 +279,11 @@ def test_float64_when_x64_is_on(name):
     with jax.enable_x64(True):
         x = _inputs(rng, np.dtype(np.float64), entry.boundaries(**params))
         xj = jnp.asarray(x)
-        for mode, y in _both(PUBLIC[name], xj).items():
+        # The jitted value and gradient in one program, compiled once.
+        y_jit, g_jit = jax.jit(lambda x: (PUBLIC[name](x), _grad(PUBLIC[name])(x)))(xj)
+        for mode, y in {"eager": PUBLIC[name](xj), "jit": y_jit}.items():
             assert_bitwise_equal(y, np_heaviside(x), context=f"{mode} {name}")
-        for mode, g in _both(_grad(PUBLIC[name]), xj).items():
+        for mode, g in {"eager": _grad(PUBLIC[name])(xj), "jit": g_jit}.items():
             assert g.dtype == np.float64
             if name in EMULATED:
                 assert_bitwise_equal(g, EMULATED[name](x, params, np.float64), context=f"{mode} {name}")
@@ -321,13 +328,19 @@ def _integration_grid(points):
     return np.unique(np.concatenate([x, kinks]).astype(np.float32))
 
 
+def _derivative_on(entry, grid, params):
+    """The declared derivative on ``grid``, evaluated on one padded length for every grid (one set of executables)."""
+    padded = np.concatenate([grid, np.zeros(400_100 - grid.size, np.float32)])
+    return np.asarray(entry.derivative(jnp.asarray(padded), **params), np.float64)[: grid.size]
+
+
 @pytest.mark.parametrize(("name", "params"), CASES, ids=CASE_IDS)
 def test_surrogate_integrates_to_the_documented_area(name, params):
     entry = ENTRIES[name]
     text, area = INTEGRALS[name]
     assert entry.integral == text
     grid = _integration_grid(entry.boundaries(**params))
-    d = np.asarray(entry.derivative(jnp.asarray(grid), **params), np.float64)
+    d = _derivative_on(entry, grid, params)
     total = np.trapezoid(d, grid.astype(np.float64))
     # float32 derivative values (relative error ~1e-7) and the trapezoid rule on
     # this grid; the tails beyond 5e9 hold less than 1e-12 of the area.
