@@ -52,12 +52,19 @@ def _invoke(*args):
     return CliRunner().invoke(main, ["verify", *args])
 
 
-def test_verify_a_catalog_member_writes_the_reports(tmp_path):
-    result = _invoke("round_ste", "--out", str(tmp_path))
+@pytest.fixture(scope="module")
+def catalog_member(tmp_path_factory):
+    """``stejax verify floor_ste --out DIR``, run once: (the result, DIR)."""
+    out = tmp_path_factory.mktemp("verify")
+    return _invoke("floor_ste", "--out", str(out)), out
+
+
+def test_verify_a_catalog_member_writes_the_reports(catalog_member):
+    result, out = catalog_member
     assert result.exit_code == 0, result.output
-    report = json.loads((tmp_path / "verify-report.json").read_text(encoding="utf-8"))
+    report = json.loads((out / "verify-report.json").read_text(encoding="utf-8"))
     assert report["ok"] is True
-    assert "forward_bitwise" in (tmp_path / "verify-report.md").read_text(encoding="utf-8")
+    assert "forward_bitwise" in (out / "verify-report.md").read_text(encoding="utf-8")
 
 
 def test_verify_a_user_estimator(user_dir):
@@ -79,8 +86,8 @@ def test_verify_usage_errors(user_dir):
     assert unknown.exit_code == 2 and "round_ste" in unknown.output
 
 
-def test_verify_prints_one_table_per_dtype(tmp_path):
-    result = _invoke("floor_ste", "--out", str(tmp_path))
+def test_verify_prints_one_table_per_dtype(catalog_member):
+    result, _ = catalog_member
     assert result.exit_code == 0, result.output
     for dtype in ("float16", "bfloat16", "float32"):
         assert f"floor_ste, {dtype}: " in result.output

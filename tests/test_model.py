@@ -69,21 +69,33 @@ class _Run(NamedTuple):
     stats: dict  # leaves (BATCH,)
 
 
-@functools.cache
-def _run(model: str, name: str) -> _Run:
-    """Loss, gradients, logits and statistics from ONE jitted function per model and preset.
+def _runs(model: str) -> dict[str, _Run]:
+    """Loss, gradients, logits and statistics of every preset, from ONE jitted function per model.
 
-    The loss is softmax cross-entropy written here with optax, over the vmapped model.
+    The loss is softmax cross-entropy written here with optax, over the vmapped model. The presets share one
+    program (one compilation instead of seven); each preset's part is its own computation on its own parameters.
     """
     xs, ys = _data(1)
-    mc, qc = MODELS[model], preset(name)
+    mc = MODELS[model]
 
-    def loss(params):
-        logits, stats = _batched(mc, qc, return_stats=True)(params, xs)
-        return optax.softmax_cross_entropy_with_integer_labels(logits, ys).mean(), (logits, stats)
+    def loss_of(qc):
+        def loss(params):
+            logits, stats = _batched(mc, qc, return_stats=True)(params, xs)
+            return optax.softmax_cross_entropy_with_integer_labels(logits, ys).mean(), (logits, stats)
 
-    (value, (logits, stats)), grads = jax.jit(jax.value_and_grad(loss, has_aux=True))(_params(model, name))
-    return _Run(value, grads, logits, stats)
+        return jax.value_and_grad(loss, has_aux=True)
+
+    def every_preset(params):
+        return [loss_of(preset(name))(p) for name, p in zip(PRESETS, params, strict=True)]
+
+    out = jax.jit(every_preset)([_params(model, name) for name in PRESETS])
+    return {name: _Run(value, grads, logits, stats) for name, ((value, (logits, stats)), grads) in zip(PRESETS, out)}
+
+
+@pytest.fixture(scope="module")
+def runs() -> dict[tuple[str, str], _Run]:
+    """``runs[model, preset]``: one training-step evaluation on the seeded batch ``_data(1)``."""
+    return {(model, name): run for model in MODELS for name, run in _runs(model).items()}
 
 
 # ----------------------------------------------------------------------------- an independent NumPy forward
@@ -484,11 +496,11 @@ def test_output_contract():
 
 @pytest.mark.parametrize("name", PRESETS)
 @pytest.mark.parametrize("model", ["mlp", "conv"])
-def test_forward_matches_a_numpy_reference(model, name):
+def test_forward_matches_a_numpy_reference(runs, model, name):
     xs, _ = _data(1)
     mc, qc = MODELS[model], preset(name)
     params = _params(model, name)
-    got = np.asarray(_run(model, name).logits)
+    got = np.asarray(runs[model, name].logits)
     expected = np.stack([_np_forward(params, x, mc, qc) for x in xs])
     assert got.shape == (BATCH, 10) and got.dtype == np.float32
     # Matrix products accumulate in a different order in XLA and NumPy (float32).
@@ -496,13 +508,13 @@ def test_forward_matches_a_numpy_reference(model, name):
 
 
 @pytest.mark.parametrize(("model", "name"), [("mlp", "float"), ("mlp", "w1a1"), ("conv", "w4a4")])
-def test_one_example_agrees_with_the_vmapped_batch(model, name):
+def test_one_example_agrees_with_the_vmapped_batch(runs, model, name):
     xs, _ = _data(1)
     mc, qc = MODELS[model], preset(name)
     params = _params(model, name)
     one = jax.jit(functools.partial(apply, model_config=mc, qat_config=qc))
     singles = np.stack([np.asarray(one(params, x)) for x in xs])
-    batch = np.asarray(_run(model, name).logits)
+    batch = np.asarray(runs[model, name].logits)
     # Not bitwise: XLA:CPU runs one example's dense layer as a matrix-vector product
     # and the batch's as a matrix-matrix product, which sum in different orders
     # (observed differences ~1e-6 on logits of order 1).
@@ -538,8 +550,8 @@ def test_jit_does_not_recompile():
 
 @pytest.mark.parametrize("name", PRESETS)
 @pytest.mark.parametrize("model", ["mlp", "conv"])
-def test_loss_and_gradients_are_finite(model, name):
-    loss, grads = _run(model, name)[:2]
+def test_loss_and_gradients_are_finite(runs, model, name):
+    loss, grads = runs[model, name][:2]
     assert np.isfinite(float(loss)) and 0 < float(loss) < 20
     assert jax.tree.structure(grads) == jax.tree.structure(_params(model, name))
     for g in jax.tree.leaves(grads):
@@ -547,8 +559,8 @@ def test_loss_and_gradients_are_finite(model, name):
 
 
 @pytest.mark.parametrize("model", ["mlp", "conv"])
-def test_no_ste_weight_gradients_are_exactly_zero(model):
-    no_ste, ste = _run(model, "w4a4_no_ste").grads, _run(model, "w4a4").grads
+def test_no_ste_weight_gradients_are_exactly_zero(runs, model):
+    no_ste, ste = runs[model, "w4a4_no_ste"].grads, runs[model, "w4a4"].grads
     for i, (g_plain, g_lsq) in enumerate(zip(no_ste["layers"], ste["layers"], strict=True)):
         np.testing.assert_array_equal(g_plain["w"], np.zeros_like(g_plain["w"]), err_msg=f"layer {i}")
         # Not all: rows of inputs that a ReLU zeroed get none, with an estimator or without.
@@ -559,19 +571,19 @@ def test_no_ste_weight_gradients_are_exactly_zero(model):
 
 
 @pytest.mark.parametrize("model", ["mlp", "conv"])
-def test_no_ste_has_the_same_forward_as_lsq(model):
+def test_no_ste_has_the_same_forward_as_lsq(runs, model):
     # Same parameters, same values: only the gradients differ.
     lsq_params, plain_params = _params(model, "w4a4"), _params(model, "w4a4_no_ste")
     for a, b in zip(jax.tree.leaves(lsq_params), jax.tree.leaves(plain_params), strict=True):
         np.testing.assert_array_equal(a, b)
-    np.testing.assert_array_equal(_run(model, "w4a4").logits, _run(model, "w4a4_no_ste").logits)
-    assert float(_run(model, "w4a4").loss) == float(_run(model, "w4a4_no_ste").loss)
+    np.testing.assert_array_equal(runs[model, "w4a4"].logits, runs[model, "w4a4_no_ste"].logits)
+    assert float(runs[model, "w4a4"].loss) == float(runs[model, "w4a4_no_ste"].loss)
 
 
 @pytest.mark.parametrize("name", ["w8a8", "w4a4", "w2a2", "w1a32", "w1a1"])
 @pytest.mark.parametrize("model", ["mlp", "conv"])
-def test_lsq_steps_receive_gradients(model, name):
-    grads = _run(model, name).grads
+def test_lsq_steps_receive_gradients(runs, model, name):
+    grads = runs[model, name].grads
     steps = {
         f"layers/{i}/{k}": np.asarray(v)
         for i, layer in enumerate(grads["layers"])
@@ -584,9 +596,9 @@ def test_lsq_steps_receive_gradients(model, name):
 
 
 @pytest.mark.parametrize("model", ["mlp", "conv"])
-def test_binary_layers_pass_gradients_to_their_weights(model):
+def test_binary_layers_pass_gradients_to_their_weights(runs, model):
     for name in ("w1a32", "w1a1"):
-        grads = _run(model, name).grads
+        grads = runs[model, name].grads
         assert np.count_nonzero(grads["layers"][1]["w"]) > 0, name
 
 
@@ -602,8 +614,8 @@ def test_gradient_with_respect_to_the_input():
 
 
 @pytest.mark.parametrize("name", PRESETS)
-def test_stats_name_every_quantised_part(name):
-    stats = _run("mlp", name).stats
+def test_stats_name_every_quantised_part(runs, name):
+    stats = runs["mlp", name].stats
     expected = {}
     for i, lq in enumerate(PRESET_TABLE[name]):
         parts = {"weights": lq.weights, "activations": lq.activations}
