@@ -297,16 +297,14 @@ def test_plot_estimator_fills_in_default_params(tmp_path):
     assert _is_png(path)
 
 
-def test_core_and_plot_import_without_matplotlib():
-    code = "import stejax, stejax.plot, sys; assert 'matplotlib' not in sys.modules, 'matplotlib imported'"
-    subprocess.run([sys.executable, "-c", code], check=True)
-
-
-def test_list_does_not_import_matplotlib():
+def test_core_plot_and_list_import_without_matplotlib():
+    # One fresh interpreter for both checks: importing stejax and stejax.plot, then running `stejax list`.
     code = (
-        "import sys; from click.testing import CliRunner; from stejax.cli import main; "
+        "import sys; import stejax, stejax.plot; "
+        "assert 'matplotlib' not in sys.modules, 'matplotlib imported by stejax or stejax.plot'; "
+        "from click.testing import CliRunner; from stejax.cli import main; "
         "r = CliRunner().invoke(main, ['list']); assert r.exit_code == 0, r.output; "
-        "assert 'matplotlib' not in sys.modules, 'matplotlib imported'"
+        "assert 'matplotlib' not in sys.modules, 'matplotlib imported by stejax list'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
 

@@ -1,8 +1,10 @@
 """Two processes on loopback, joined by jax.distributed over CPU (gloo) collectives, against one process.
 
-Three subprocesses run this file as a script (:func:`main`) at once:
+Two subprocesses run this file as a script (:func:`main`) while the test process
+itself runs the one-process reference:
 
-* ``single``: ``stejax train --config tiny.json --out single`` on one device;
+* ``single``: ``stejax train --config tiny.json --out single`` on one device, in the
+  test process (one process, one device: no interpreter of its own needed);
 * ``pair`` 0 and 1: ``stejax train --config tiny.json --coordinator 127.0.0.1:PORT
   --num-processes 2 --process-id I --out pair``, each process with 2 CPU devices,
   so the batch is split over a 4-device mesh spanning both processes; then, still
@@ -133,11 +135,7 @@ def runs(tmp_path_factory) -> dict:
     (tmp / "tiny.json").write_text(json.dumps(TINY))
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     port = str(_free_port())
-    commands = {
-        "single": ["single"],
-        "pair0": ["pair", "0", port],
-        "pair1": ["pair", "1", port],
-    }
+    commands = {"pair0": ["pair", "0", port], "pair1": ["pair", "1", port]}
     procs = {
         name: subprocess.Popen(
             [sys.executable, __file__, args[0], str(tmp), *args[1:]],
@@ -150,6 +148,11 @@ def runs(tmp_path_factory) -> dict:
         for name, args in commands.items()
     }
     try:
+        # The one-process reference runs here while the pair trains, on the CPU as the pair does.
+        import jax
+
+        with jax.default_device(jax.devices("cpu")[0]):
+            main(["single", str(tmp)])
         outputs = {name: p.communicate(timeout=300) for name, p in procs.items()}
     finally:
         for p in procs.values():
@@ -157,7 +160,7 @@ def runs(tmp_path_factory) -> dict:
                 p.kill()
     for name, p in procs.items():
         assert p.returncode == 0, f"{name}: {outputs[name][1][-4000:]}"
-    result = {name: json.loads((tmp / f"{name}.json").read_text()) for name in commands}
+    result = {name: json.loads((tmp / f"{name}.json").read_text()) for name in ("single", *commands)}
     result["tmp"] = tmp
     return result
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import shutil
 
 import jax
@@ -45,17 +46,24 @@ def _integer_ops_only(path, model):
     assert not any(ops[op] for op in FLOAT_PRODUCTS), ops
 
 
-@pytest.mark.parametrize("preset", ["w8a8", "w4a4", "w1a1"])
-def test_digits_cnn_parity_and_integer_kernels(tmp_path, preset):
-    # Parity does not depend on training: freshly initialised weights, exported and checked bit for bit.
+@functools.cache
+def _digits_cnn(preset: str):
+    """The digits CNN of ``preset``, freshly initialised and exported, with its logits on the test split."""
     splits = artifact_runs.splits()
     model_config = dataclasses.replace(artifact_runs.TINY_CNN, preset=preset).model_config(splits.train)
     qc = stejax.model.preset(preset)
     params = stejax.model.init_params(jax.random.key(0), model_config, qc)
     model = export_model(params, model_config, qc, Normalizer.fit(splits.train.x))
-    path = write_digits(model, tmp_path / "cnn.onnx", float_model=False, metadata={})
     x = np.asarray(splits.test.x, np.float32)
-    got, want = open_runtime(path).run(None, {"features": x})[0], np.asarray(model.apply(model.weights, x))
+    return model, x, np.asarray(model.apply(model.weights, x))
+
+
+@pytest.mark.parametrize("preset", ["w8a8", "w4a4", "w1a1"])
+def test_digits_cnn_parity_and_integer_kernels(tmp_path, preset):
+    # Parity does not depend on training: freshly initialised weights, exported and checked bit for bit.
+    model, x, want = _digits_cnn(preset)
+    path = write_digits(model, tmp_path / "cnn.onnx", float_model=False, metadata={})
+    got = open_runtime(path).run(None, {"features": x})[0]
     assert (got.argmax(1) == want.argmax(1)).all()
     assert np.abs(got - want).max() == 0.0
     _integer_ops_only(path, model)
@@ -65,15 +73,9 @@ def test_digits_cnn_qlinear_convolutions(tmp_path):
     # conv="qlinear": ORT's QLinearConv (int32 bias codes, ORT's requantisation). These weights have a zero
     # bias (exact as int32 codes) and hit no rounding tie, so the logits are equal; in general a next-layer
     # code can differ by one near a tie, and parity is stated as argmax agreement.
-    splits = artifact_runs.splits()
-    model_config = dataclasses.replace(artifact_runs.TINY_CNN, preset="w8a8").model_config(splits.train)
-    qc = stejax.model.preset("w8a8")
-    model = export_model(
-        stejax.model.init_params(jax.random.key(0), model_config, qc), model_config, qc, Normalizer.fit(splits.train.x)
-    )
+    model, x, want = _digits_cnn("w8a8")
     path = write_digits(model, tmp_path / "cnn.onnx", float_model=False, metadata={}, conv="qlinear")
-    x = np.asarray(splits.test.x, np.float32)
-    got, want = open_runtime(path).run(None, {"features": x})[0], np.asarray(model.apply(model.weights, x))
+    got = open_runtime(path).run(None, {"features": x})[0]
     assert (got.argmax(1) == want.argmax(1)).all()
     ops = optimized_ops(path)
     assert ops["QLinearConv"] == 2 and ops["MatMulIntegerToFloat"] == 1, ops

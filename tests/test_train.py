@@ -27,7 +27,6 @@ from click.testing import CliRunner
 
 import stejax.train._compare as compare_module
 import stejax.train._loop as loop_module
-from stejax import keys
 from stejax.bench import CompileCounter
 from stejax.cli import main
 from stejax.data import Normalizer, Splits, load_digits, split
@@ -220,51 +219,6 @@ def test_plain_jit_and_vmap_paths_agree(model, name):
         with jax.disable_jit():
             plain = np.asarray(forward(params, batch.x, model_config=mc, qat_config=qc))
         np.testing.assert_allclose(jitted, plain, **LOGIT_TOL)
-
-
-def test_eager_and_compiled_steps_agree():
-    # One training step (dropout on, the same key), op by op and compiled. The eager
-    # step runs as train's debug mode runs it (so the two share per-op compiles),
-    # and the ledger sees the step consume its key once, by one split per example.
-    mc, qc, params = _model("mlp", "w4a4")
-    batch = _batch(32)
-    opt = make_optimizer(TINY, 8)
-    state, key = opt.init(params), jax.random.key(3)
-    with keys.checked() as ledger, jax.disable_jit():
-        eager = update(params, state, batch, key, model_config=mc, qat_config=qc, optimizer=opt)
-    assert len(ledger) == 1 + 32 and ledger.unused() == ()
-    compiled = compiled_update(mc, qc, opt)(params, state, batch, key)
-    np.testing.assert_allclose(compiled[2].loss, eager[2].loss, **LOSS_TOL)
-    for a, b in zip(jax.tree.leaves(compiled[0]), jax.tree.leaves(eager[0]), strict=True):
-        np.testing.assert_allclose(a, b, **LOGIT_TOL)
-
-
-# ----------------------------------------------------------------------------- keys
-
-
-def test_debug_keys_proves_each_key_is_consumed_once():
-    result = train(dataclasses.replace(TINY, preset="w4a4"), splits=_splits(), debug_keys=2)
-    check = result.key_check
-    assert check is not None and check.steps == 2
-    # Every key made is consumed exactly once, except the one carried forward.
-    assert check.unused == ("train: run -> run, step 2",)
-    # 2 (seed) + 1 (init's split) * 2 layers + 2 (epoch shuffle) + 2 steps * (2 + 32 examples) at least.
-    assert check.keys_recorded >= 2 + 2 + 2 + 2 * 34
-
-
-def test_without_dropout_the_loop_makes_no_step_keys():
-    config = dataclasses.replace(TINY, dropout=0.0)
-    check = train(config, splits=_splits(), debug_keys=1).key_check
-    assert check.unused == ("train: run -> run, epoch 1 shuffle",)
-
-
-def test_reusing_a_key_in_forward_is_caught():
-    mc, qc, params = _model("mlp", "float")
-    key = jax.random.key(5)
-    with keys.checked(jax_check=False):
-        forward(params, _batch().x, model_config=mc, qat_config=qc, key=key, train=True)
-        with pytest.raises(keys.KeyReuseError, match="consumed twice"):
-            forward(params, _batch().x, model_config=mc, qat_config=qc, key=key, train=True)
 
 
 # ----------------------------------------------------------------------------- the loop
@@ -741,20 +695,6 @@ def tiny_data(monkeypatch):
     """The CLI loads the full digits; these tests give it the 400-example subset instead."""
     monkeypatch.setattr(loop_module, "load_splits", lambda config: _splits())
     monkeypatch.setattr(compare_module, "load_splits", lambda config: _splits())
-
-
-def test_cli_train_writes_a_run_directory(runner, tmp_path, tiny_data):
-    config = tmp_path / "recipe.json"
-    config.write_text(json.dumps(dataclasses.replace(TINY, preset="w4a4", epochs=5).to_dict()))
-    out = tmp_path / "run"
-    args = ["train", "--config", str(config), "--epochs", "2", "--out", str(out), "--debug-keys"]
-    result = runner.invoke(main, args)
-    assert result.exit_code == 0, result.output
-    assert "debug-keys: 2 step(s)" in result.output and "none consumed twice" in result.output
-    assert "test accuracy" in result.output and str(out.resolve()) in result.output
-    run = load_run(out)
-    assert run.config.preset == "w4a4" and run.config.epochs == 2 and len(run.metrics) == 2
-    assert run.report["key_check"]["steps"] == 2
 
 
 @pytest.mark.parametrize(

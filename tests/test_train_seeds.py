@@ -36,12 +36,18 @@ def _runs(base: TrainConfig, seeds=(0, 1)):
     return configs, [split(_digits(), seed=s) for s in seeds]
 
 
+@functools.cache
+def _train(config: TrainConfig):
+    """train() of one run on its own split, shared by the tests that compare against it."""
+    return train(config, splits=split(_digits(), seed=config.data_seed))
+
+
 @pytest.mark.parametrize("vmap_runs", [True, False])
 def test_each_run_equals_train_of_that_seed(vmap_runs, tmp_path):
     configs, splits = _runs(TINY)
     results = train_seeds(configs, splits=splits, vmap_runs=vmap_runs, out_dirs=[tmp_path / "a", tmp_path / "b"])
-    for config, part, got in zip(configs, splits, results, strict=True):
-        want = train(config, splits=part)
+    for config, got in zip(configs, results, strict=True):
+        want = _train(config)
         for a, b in zip(jax.tree.leaves(want.params), jax.tree.leaves(got.params), strict=True):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
         assert got.config == config and got.best_epoch == want.best_epoch
@@ -58,7 +64,7 @@ def test_the_conv_model_is_not_vmapped_by_default_and_still_matches():
     base = dataclasses.replace(TINY, model="cnn", channels=(4, 6), epochs=1)
     configs, splits = _runs(base, seeds=(0,))
     (got,) = train_seeds(configs, splits=splits)
-    want = train(configs[0], splits=splits[0])
+    want = _train(configs[0])
     for a, b in zip(jax.tree.leaves(want.params), jax.tree.leaves(got.params), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
 
@@ -69,8 +75,8 @@ def test_early_stopping_is_per_run():
     base = dataclasses.replace(TINY, epochs=6, patience=1, learning_rate=3e-2, preset="float")
     configs, splits = _runs(base, seeds=(0, 5))  # seed 5 stops at epoch 5, seed 0 runs all 6
     results = train_seeds(configs, splits=splits)
-    for config, part, got in zip(configs, splits, results, strict=True):
-        want = train(config, splits=part)
+    for config, got in zip(configs, results, strict=True):
+        want = _train(config)
         assert len(got.history) == len(want.history) and got.stopped_early == want.stopped_early
         assert got.best_epoch == want.best_epoch and got.test_accuracy == want.test_accuracy
     assert len({len(r.history) for r in results}) > 1, "pick a recipe where the runs stop at different epochs"
