@@ -85,12 +85,12 @@ def apply(
         needs ``vmap``), or parameters of the wrong shape.
 
     Example:
-      >>> import jax, jax.numpy as jnp
+      >>> import functools, jax, jax.numpy as jnp
       >>> from stejax.model import MLPConfig, apply, init_params, preset
       >>> mc, qc = MLPConfig(hidden=(16, 12)), preset("w4a4")
       >>> params = init_params(jax.random.key(0), mc, qc)
-      >>> logits, stats = apply(params, jnp.zeros(64), model_config=mc, qat_config=qc,
-      ...                       return_stats=True)
+      >>> apply_stats = functools.partial(apply, model_config=mc, qat_config=qc, return_stats=True)
+      >>> logits, stats = jax.jit(apply_stats)(params, jnp.zeros(64))
       >>> logits.shape, sorted(stats["layer_0"])
       ((10,), ['activations', 'weights'])
     """

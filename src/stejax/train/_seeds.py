@@ -103,7 +103,7 @@ def train_seeds(
       >>> import dataclasses
       >>> from stejax.data import load_digits, split
       >>> from stejax.train import TrainConfig, train_seeds
-      >>> base = TrainConfig(model="mlp", hidden=(8,), epochs=1, batch_size=128)
+      >>> base = TrainConfig(model="mlp", hidden=(8,), dropout=0.0, epochs=1, batch_size=128)
       >>> runs = [dataclasses.replace(base, seed=s, data_seed=s) for s in (0, 1)]
       >>> results = train_seeds(runs)
       >>> [r.config.seed for r in results], [r.n_test for r in results]

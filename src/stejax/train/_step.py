@@ -123,12 +123,13 @@ def forward(
       ValueError: ``x`` is not ``(N, in_features)`` or holds NaN or inf.
 
     Example:
-      >>> import jax, numpy as np
+      >>> import functools, jax, numpy as np
       >>> from stejax.model import MLPConfig, init_params, preset
       >>> from stejax.train import forward
       >>> mc, qc = MLPConfig(hidden=(8,)), preset("w4a4")
       >>> params = init_params(jax.random.key(0), mc, qc)
-      >>> forward(params, np.zeros((3, 64), np.float32), model_config=mc, qat_config=qc).shape
+      >>> logits_of = jax.jit(functools.partial(forward, model_config=mc, qat_config=qc))
+      >>> logits_of(params, np.zeros((3, 64), np.float32)).shape
       (3, 10)
     """
     if not isinstance(x, jax.core.Tracer):
@@ -249,14 +250,14 @@ def update(
       ``(new_params, new_opt_state, metrics)``, the metrics a :class:`StepMetrics`.
 
     Example:
-      >>> import jax, numpy as np, optax
+      >>> import functools, jax, numpy as np, optax
       >>> from stejax.model import MLPConfig, init_params, preset
       >>> from stejax.train import update
       >>> mc, qc, opt = MLPConfig(hidden=(8,)), preset("w4a4"), optax.sgd(0.1)
       >>> params = init_params(jax.random.key(0), mc, qc)
       >>> batch = (np.ones((4, 64), np.float32), np.arange(4, dtype=np.int32))
-      >>> new, _, m = update(params, opt.init(params), batch, None,
-      ...                    model_config=mc, qat_config=qc, optimizer=opt)
+      >>> step = jax.jit(functools.partial(update, model_config=mc, qat_config=qc, optimizer=opt))
+      >>> new, _, m = step(params, opt.init(params), batch, None)
       >>> bool(m.finite), float(m.loss) > 0
       (True, True)
     """
