@@ -159,43 +159,65 @@ def test_machine_and_versions():
 
 
 # ----------------------------------------------------------------------------- a quick run of every suite
+# One test per suite, each its own quick run (no shared fixture: the suites spread over the test workers).
 
 
-@pytest.fixture(scope="module")
-def quick_run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("bench")
-    settings = BenchSettings.make(quick=True, repeats=2)
-    report = run_bench(["all"], out_dir=out, settings=settings, estimators=ESTIMATORS)
-    return report, out
-
-
-def test_the_quick_run_follows_the_schema_and_writes_its_files(quick_run):
-    report, out = quick_run
+def quick_run(suites, out, **kwargs):
+    """``run_bench`` at quick sizes, 2 timed rounds, into ``out``; the report, checked against its schema, and
+    its three files, checked against it."""
+    report = run_bench(suites, out_dir=out, settings=BenchSettings.make(quick=True, repeats=2), **kwargs)
     check_report(report)
-    assert report["format"] == FORMAT and list(report["suites"]) == list(SUITES)
+    assert report["format"] == FORMAT
     assert json.loads((out / "bench.json").read_text()) == json.loads(json.dumps(report))
     text = (out / "bench.md").read_text()
-    for heading in ("# stejax bench", "## estimators", "## train", "## inference", "## peers", "Protocol:"):
-        assert heading in text
-    assert (out / "bench.png").read_bytes()[:8] == PNG_SIGNATURE
+    for heading in ("# stejax bench", *(f"## {name}" for name in report["suites"]), "Protocol:"):
+        assert heading in text, heading
+    if any(suite["groups"] for suite in report["suites"].values()):
+        assert (out / "bench.png").read_bytes()[:8] == PNG_SIGNATURE
+    else:  # lm-decode alone: rows, no timed groups to draw
+        assert not (out / "bench.png").exists()
+    return report
 
 
-def test_every_suite_ran_and_no_timed_call_compiled(quick_run):
-    report, _ = quick_run
+def suite_ran_and_no_timed_call_compiled(name, suite):
+    assert suite["status"] == "ok", (name, suite["note"])
+    # lm-decode reports rows (one per model, configuration, path and batch) instead of timed groups.
+    assert suite["groups"] or suite.get("rows"), name
+    if name == "lm-decode":
+        assert all(row["compiles"] == 0 for row in suite["rows"]), suite["rows"]
+    for group in suite["groups"]:
+        for variant, m in group["variants"].items():
+            assert m["compiles_timed"] == 0, (name, group["name"], variant)
+            assert m["stats_ms"]["n"] == 2
+
+
+def test_all_runs_every_suite_in_order_and_writes_one_report(monkeypatch, tmp_path):
+    import stejax.bench._run as run_module
+
+    def fake(name):
+        def suite(**kwargs):
+            assert kwargs["repeats"] == 2 and kwargs["warmup"] == 1
+            group = {"name": name, "baseline": None, "ratios": {}, "info": {}}
+            variant = {"seconds": [1e-3, 2e-3], "stats_ms": summarize([1e-3, 2e-3])}
+            variants = {name: {**variant, "compiles_warmup": 1, "compiles_timed": 0}}
+            return {"groups": [{**group, "variants": variants}], "rows": []}  # rows: lm-decode's
+
+        return suite
+
+    # Each suite's own run is below; here all but the (fast) estimators suite stand in for themselves.
+    runners = ("train_suite", "inference_suite", "peers_suite", "_onnx_suite", "_lm_decode_suite")
+    for runner, name in zip(runners, SUITES[1:], strict=True):
+        monkeypatch.setattr(run_module, runner, fake(name))
+    report = quick_run(["all"], tmp_path, estimators=["round_ste"])
+    assert list(report["suites"]) == list(SUITES) and report["settings"]["suites"] == list(SUITES)
     for name, suite in report["suites"].items():
-        assert suite["status"] == "ok", (name, suite["note"])
-        # lm-decode reports rows (one per model, configuration, path and batch) instead of timed groups.
-        assert suite["groups"] or suite.get("rows"), name
-        if name == "lm-decode":
-            assert all(row["compiles"] == 0 for row in suite["rows"]), suite["rows"]
-        for group in suite["groups"]:
-            for variant, m in group["variants"].items():
-                assert m["compiles_timed"] == 0, (name, group["name"], variant)
-                assert m["stats_ms"]["n"] == 2
+        suite_ran_and_no_timed_call_compiled(name, suite)
+        assert [g["name"] for g in suite["groups"]] == ["round_ste" if name == "estimators" else name]
 
 
-def test_the_estimators_suite_compares_ours_with_both_forms(quick_run):
-    suite = quick_run[0]["suites"]["estimators"]
+def test_the_estimators_suite_compares_ours_with_both_forms(tmp_path):
+    suite = quick_run(["estimators"], tmp_path, estimators=ESTIMATORS)["suites"]["estimators"]
+    suite_ran_and_no_timed_call_compiled("estimators", suite)
     assert [g["name"] for g in suite["groups"]] == ESTIMATORS
     by_name = {g["name"]: g for g in suite["groups"]}
     assert set(by_name["round_ste"]["variants"]) == {"ours", "stop_gradient", "fused"}
@@ -210,26 +232,53 @@ def test_the_estimators_suite_compares_ours_with_both_forms(quick_run):
         assert all(m["compiles_warmup"] >= 1 for m in g["variants"].values())
 
 
-def test_the_train_suite_times_every_preset_against_float(quick_run):
-    (group,) = quick_run[0]["suites"]["train"]["groups"]
+def test_the_train_suite_times_every_preset_against_float(tmp_path):
+    report = quick_run(["train"], tmp_path)
+    suite_ran_and_no_timed_call_compiled("train", report["suites"]["train"])
+    (group,) = report["suites"]["train"]["groups"]
     variants = list(group["variants"])
     full = [f"{p} (with statistics)" for p in ("float", "w8a8", "w4a4")]  # the update with its statistics
     assert [v for v in variants if v not in full] == list(PRESETS) and set(full) <= set(variants)
     assert group["baseline"] == "float"
     assert set(group["ratios"]) == {f"{v}/float" for v in variants if v != "float"}
+    # check_report names what is wrong.
+    broken = copy.deepcopy(report)
+    del broken["suites"]["train"]["groups"][0]["variants"]["float"]["stats_ms"]["p99_ms"]
+    with pytest.raises(ValueError, match=r"suites\.train\.groups\[0\]\.variants\['float'\]\.stats_ms"):
+        check_report(broken)
+    broken = copy.deepcopy(report)
+    broken["suites"]["train"].update(status="skipped", note="")
+    with pytest.raises(ValueError, match="a skipped or failed suite says why"):
+        check_report(broken)
 
 
-def test_the_inference_suite_has_float_fake_quant_and_integer(quick_run):
-    suite = quick_run[0]["suites"]["inference"]
+def test_the_inference_suite_has_float_fake_quant_and_integer(tmp_path):
+    suite = quick_run(["inference"], tmp_path)["suites"]["inference"]
+    suite_ran_and_no_timed_call_compiled("inference", suite)
     assert [g["info"]["batch_size"] for g in suite["groups"]] == [1, 32]
     expected = {"float", "fake-quant w8a8", "fake-quant w4a4", "integer w8a8", "integer w4a4"}
     for group in suite["groups"]:
         assert set(group["variants"]) == expected
 
 
-def test_the_peers_suite_runs_qwix_with_quantised_products(quick_run):
-    suite = quick_run[0]["suites"]["peers"]
-    group, cnn = suite["groups"][:2]  # then the spiking peer's groups (tests/test_snn_peers.py)
+@pytest.mark.parametrize("name", ["onnx", "lm-decode"])
+def test_the_onnx_and_lm_decode_suites_run(tmp_path, name):
+    suite_ran_and_no_timed_call_compiled(name, quick_run([name], tmp_path)["suites"][name])
+
+
+def test_the_peers_suite_runs_qwix_with_quantised_products(monkeypatch, tmp_path):
+    import importlib.util
+
+    import stejax.bench._peers_lm
+    import stejax.bench._peers_rules
+
+    # The groups by rules and on the language model are checked below, on their own (the suite's two halves
+    # then go to different test workers); here they stand aside with a note each.
+    monkeypatch.setattr(stejax.bench._peers_rules, "rules_peer_groups", lambda **kw: ([], ["rules: checked apart"]))
+    monkeypatch.setattr(stejax.bench._peers_lm, "lm_peer_groups", lambda **kw: ([], ["lm: checked apart"]))
+    suite = quick_run(["peers"], tmp_path)["suites"]["peers"]
+    suite_ran_and_no_timed_call_compiled("peers", suite)
+    group, cnn, *snn = suite["groups"]
     assert set(group["variants"]) == {
         "stejax float",
         "stejax w8a8",
@@ -250,18 +299,46 @@ def test_the_peers_suite_runs_qwix_with_quantised_products(quick_run):
     assert "stejax int8/qwix int8" in cnn["ratios"] and cnn["info"]["qwix_quantised_dot_generals"] > 0
     assert group["info"]["qwix_quantised_dot_generals"] > 0
     assert any("AQT" in note for note in suite["notes"])
+    assert {"rules: checked apart", "lm: checked apart"} <= set(suite["notes"])
+    # The spiking peer: Spyx's step beside stejax.snn's (quick: T = 8 only); without Spyx, no group and a note
+    # (tests/test_snn_peers.py).
+    if importlib.util.find_spec("spyx") is None:
+        assert snn == [] and any("Spyx not installed" in note for note in suite["notes"])
+    else:
+        (spiking,) = snn
+        assert set(spiking["variants"]) == {"stejax", "spyx"}
+        ratio = spiking["ratios"]["stejax/spyx"]
+        assert ratio["n"] == 2 and ratio["p50"] > 0
+        assert spiking["info"]["T"] == 8 and "superspike" in spiking["info"]["spike function"]
 
 
-def test_check_report_names_what_is_wrong(quick_run):
-    report = copy.deepcopy(quick_run[0])
-    variant = report["suites"]["train"]["groups"][0]["variants"]["float"]
-    del variant["stats_ms"]["p99_ms"]
-    with pytest.raises(ValueError, match=r"suites\.train\.groups\[0\]\.variants\['float'\]\.stats_ms"):
-        check_report(report)
-    report = copy.deepcopy(quick_run[0])
-    report["suites"]["peers"].update(status="skipped", note="")
-    with pytest.raises(ValueError, match="a skipped or failed suite says why"):
-        check_report(report)
+def test_the_peer_groups_by_rules_and_on_the_language_model():
+    from stejax.bench._peers_lm import lm_peer_groups
+    from stejax.bench._peers_rules import rules_peer_groups
+
+    rules, _ = rules_peer_groups(repeats=2, warmup=1, quick=True)
+    lm, _ = lm_peer_groups(repeats=2, warmup=1, quick=True)
+    suite_ran_and_no_timed_call_compiled("peers", {"status": "ok", "note": "", "groups": [*rules, *lm]})
+    assert [g["info"]["model"] for g in rules] == ["digits CNN", "transformer block"]
+    for group in rules:
+        assert set(group["variants"]) == {"flax float", "qwix int8", "stejax int8"}, group["name"]
+        assert set(group["ratios"]) == {"stejax int8/qwix int8", "qwix int8/flax float", "stejax int8/flax float"}
+        assert group["info"]["qwix_quantised_dot_generals"] > 0 and group["info"]["stejax_quantised_sites"]
+    (group,) = lm
+    assert set(group["variants"]) == {
+        "flax float",
+        "qwix int8",
+        "stejax w8a8",
+        "qwix int4 weight-only",
+        "stejax w4 weight-only",
+    }
+    assert set(group["ratios"]) == {
+        "stejax w8a8/qwix int8",
+        "stejax w4 weight-only/qwix int4 weight-only",
+        "qwix int8/flax float",
+        "stejax w8a8/flax float",
+    }
+    assert group["info"]["qwix_quantised_dot_generals"] > 0
 
 
 # ----------------------------------------------------------------------------- skips and errors
