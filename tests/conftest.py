@@ -13,9 +13,12 @@ pytest 9 no longer allows, so the units are computed here, from the node ids the
 
 from __future__ import annotations
 
+import atexit
 import functools
 import os
 import re
+import shutil
+import tempfile
 from pathlib import Path
 
 import jax
@@ -23,13 +26,37 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from helpers import no_persistent_cache
+
 # As equinox does: no silent dtype or rank promotion anywhere in the suite.
 jax.config.update("jax_numpy_dtype_promotion", "strict")
 jax.config.update("jax_numpy_rank_promotion", "raise")
-# The command line turns JAX's persistent compilation cache on by default; in the suite it stays off (nothing is
-# written to the user's cache directory, and a program read from disk would not count as a compilation where a
-# test counts them). The test of the option itself points it at a temporary directory.
+# The command line turns JAX's persistent compilation cache on by default; in the suite the command line leaves it
+# alone (nothing is written to the user's cache directory). The test of the option itself checks it.
 os.environ["STEJAX_COMPILE_CACHE"] = "0"
+
+# Instead the run has one persistent compilation cache of its own, in a temporary directory that the first
+# process (the xdist controller, or the only process without -n) creates and removes at exit. The test workers and
+# every process they start (the docs pages, the 8-device mesh, the command line's worker processes) inherit it
+# through the environment, so a program that several tests or processes compile is compiled once. A program read
+# from it is not a compilation: a test that counts compilations is marked ``counts_compilations`` and runs with
+# the cache off (see ``_no_persistent_cache``). JAX writes an entry in place, so a process reading it at that
+# instant can find it cut short: JAX then warns ("Error reading persistent compilation cache entry") and compiles
+# the program itself, which pyproject.toml's filterwarnings and the docs pages' -W options let pass.
+if "PYTEST_XDIST_WORKER" not in os.environ and "STEJAX_TEST_COMPILE_CACHE" not in os.environ:
+    os.environ["STEJAX_TEST_COMPILE_CACHE"] = tempfile.mkdtemp(prefix="stejax-tests-jax-cache-")
+    atexit.register(shutil.rmtree, os.environ["STEJAX_TEST_COMPILE_CACHE"], ignore_errors=True)
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = os.environ["STEJAX_TEST_COMPILE_CACHE"]
+    # Programs that compile in under 20 ms are not worth an entry (most of them are single operations).
+    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0.02"
+    os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
+jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
+jax.config.update(
+    "jax_persistent_cache_min_compile_time_secs", float(os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"])
+)
+jax.config.update(
+    "jax_persistent_cache_min_entry_size_bytes", int(os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"])
+)
 
 FLOAT_DTYPES = (np.float16, ml_dtypes.bfloat16, np.float32)
 
@@ -81,6 +108,15 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
             return shared_unit(nodeid.split("::", 1)[0], root) or nodeid
 
     return SharedWorkScheduling(config, log)
+
+
+@pytest.fixture(autouse=True)
+def _no_persistent_cache(request):
+    if request.node.get_closest_marker("counts_compilations") is None:
+        yield
+        return
+    with no_persistent_cache():
+        yield
 
 
 @pytest.fixture(params=FLOAT_DTYPES, ids=lambda d: np.dtype(d).name)

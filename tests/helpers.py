@@ -2,7 +2,28 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
+import jax
 import numpy as np
+
+
+@contextlib.contextmanager
+def no_persistent_cache() -> Iterator[None]:
+    """The run's persistent compilation cache (tests/conftest.py) off inside the block: every program compiles here.
+
+    For a test that counts compilations, where a program read from the cache would not count.
+    """
+    from jax._src import compilation_cache
+
+    jax.config.update("jax_enable_compilation_cache", False)
+    compilation_cache.reset_cache()
+    try:
+        yield
+    finally:
+        jax.config.update("jax_enable_compilation_cache", True)
+        compilation_cache.reset_cache()
 
 
 def boundary_triplets(points, dtype) -> np.ndarray:

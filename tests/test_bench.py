@@ -73,6 +73,7 @@ def test_ratio_stats_are_per_round():
 # ----------------------------------------------------------------------------- the protocol
 
 
+@pytest.mark.counts_compilations
 def test_measure_warms_up_then_interleaves_in_rotating_order():
     order = []
     f = jax.jit(lambda x: x * 2.0 + 1.0)
@@ -111,6 +112,7 @@ def test_measure_cpu_clock_leaves_out_waiting_and_averages_calls_per_sample():
     assert max(cpu["s"]["seconds"]) < 0.01
 
 
+@pytest.mark.counts_compilations
 def test_a_compile_in_the_timed_rounds_is_counted():
     x = jnp.ones(3)
     # A fresh function every call: every call compiles.
@@ -118,6 +120,7 @@ def test_a_compile_in_the_timed_rounds_is_counted():
     assert out["recompiles"]["compiles_timed"] == 3
 
 
+@pytest.mark.counts_compilations
 def test_compile_counter_counts_compilations_only():
     f = jax.jit(lambda v: v * 3.0)
     x = jnp.ones(7)
@@ -215,6 +218,7 @@ def test_all_runs_every_suite_in_order_and_writes_one_report(monkeypatch, tmp_pa
         assert [g["name"] for g in suite["groups"]] == ["round_ste" if name == "estimators" else name]
 
 
+@pytest.mark.counts_compilations
 def test_the_estimators_suite_compares_ours_with_both_forms(tmp_path):
     suite = quick_run(["estimators"], tmp_path, estimators=ESTIMATORS)["suites"]["estimators"]
     suite_ran_and_no_timed_call_compiled("estimators", suite)
@@ -447,6 +451,9 @@ def test_the_command_line_keeps_compiled_programs_in_the_cache_only_when_asked(m
         monkeypatch.delenv(name, raising=False)
     before = (jax.config.jax_compilation_cache_dir, jax.config.jax_persistent_cache_min_compile_time_secs)
     try:
+        # The suite's own cache (tests/conftest.py) stands aside: the command line starts from no cache.
+        jax.config.update("jax_compilation_cache_dir", None)
+        compilation_cache.reset_cache()
         # Off in the suite (STEJAX_COMPILE_CACHE=0): nothing is configured.
         assert CliRunner().invoke(main, ["list"]).exit_code == 0
         assert jax.config.jax_compilation_cache_dir is None

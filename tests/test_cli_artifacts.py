@@ -1,4 +1,4 @@
-"""The command line of issue 5: stejax export, stejax artifact {verify,promote,rollback,current,list}, regress."""
+"""The artifact command line: stejax export, stejax artifact {verify,promote,rollback,current,list}, regress."""
 
 from __future__ import annotations
 

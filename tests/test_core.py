@@ -28,7 +28,7 @@ def _stop_gradient_round(x):
 
 
 def test_forward_is_exact_where_the_stop_gradient_trick_drifts():
-    # Values the one-line trick gets wrong (measured, see the foundation issue).
+    # Values the one-line trick gets wrong (measured).
     cases = [
         (np.float32, [-0.3, np.inf, -np.inf]),
         (ml_dtypes.bfloat16, [-0.3, 258.0, -300.5]),

@@ -254,6 +254,7 @@ def _traffic(server, artifacts, reference, sizes, errors):
                 errors.append(error)
 
 
+@pytest.mark.counts_compilations
 def test_mixed_load_compiles_nothing_and_every_answer_is_right(split, artifacts, reference):
     sizes = [EDGES[i % len(EDGES)] for i in range(24)]
     before = compilations()
@@ -279,7 +280,7 @@ def test_mixed_load_compiles_nothing_and_every_answer_is_right(split, artifacts,
     assert split.metric("stejax_request_latency_seconds_count") >= 8 * len(sizes)
 
 
-def test_metrics_carry_the_issue_names_and_no_inputs(split, artifacts, caplog):
+def test_metrics_carry_the_documented_names_and_no_inputs(split, artifacts, caplog):
     caplog.set_level(logging.DEBUG)
     marker = 987654.25  # exact in float32; no port, count or timestamp prints it this way
     x = artifacts.x[:2].copy()
