@@ -345,25 +345,6 @@ def test_a_module_the_rules_cannot_see_into_is_listed_as_float():
     assert "(root)" in text and "fc" in text and "w4a32" in text
 
 
-def test_the_documented_rules_example_runs():
-    """The example at the top of docs/rules.md."""
-    model = TiedLM(rngs=nnx.Rngs(0))
-    _, tokens = _example("tied_lm")
-    rules = [
-        Rule(r".*embed.*", weights=None, inputs=None),
-        Rule(r".*", kinds=("attention", "dot"), inputs=Quant("fake_quant", bits=8)),
-        Rule(r".*", weights=Quant("lsq", bits=4, group_size=32), inputs=Quant("lsq", bits=8)),
-    ]
-    qmodel = quantize_model(model, rules, tokens)
-    rows = {r.path: r for r in summary(qmodel)}
-    assert rows["embed"].rule == 0 and rows["embed"].bits == "w32a32"
-    assert rows["block/attn/dot0"].rule == 1 and rows["block/mlp/fc2"].bits == "w4a8"
-    assert qmodel.block.mlp.fc2.stejax_quant.p0.weight_step.shape == (32, 2)  # (out, in // 32)
-    batches = [jnp.asarray([[3, 1, 4, 1]], jnp.int32), jnp.asarray([[5, 9, 2, 6]], jnp.int32)]
-    assert calibrate(qmodel, batches, method="percentile")
-    assert np.all(np.isfinite(qmodel(tokens)))
-
-
 def test_calibrate_sets_static_input_scales_from_the_batches():
     model = nnx.Sequential(nnx.Linear(6, 4, rngs=nnx.Rngs(0)))
     qmodel = quantize_model(model, [Rule(inputs=Quant("fake_quant", bits=8, axis=-1))], _x((2, 6)))

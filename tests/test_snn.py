@@ -398,11 +398,11 @@ def test_network_trains_a_step_with_finite_gradients_under_jit():
     # Without a surrogate no gradient crosses a spiking layer: only the readout (a leaky
     # integrator, no spike function between it and the loss) can learn.
     plain = NetConfig(8, 3, hidden=(6, 5), spike="no_surrogate")
-    g = jax.grad(lambda p: ce_mean_membrane(forward(plain, p, x).traces, jnp.array([0, 1, 2, 0])))(params)
+    g = jax.jit(jax.grad(lambda p: ce_mean_membrane(forward(plain, p, x).traces, jnp.array([0, 1, 2, 0]))))(params)
     assert all(float(jnp.abs(leaf).max()) == 0 for leaf in jax.tree.leaves((g.layers, g.neurons)))
     assert float(jnp.abs(g.readout.w).max()) > 0
     ann = NetConfig(8, 3, hidden=(6,), spike=None)
-    out = forward(ann, init_net(ann, key=jax.random.key(0)), x)
+    out = jax.jit(lambda p, x: forward(ann, p, x))(init_net(ann, key=jax.random.key(0)), x)
     assert bool(jnp.all(out.spikes[0] >= 0))
     with pytest.raises(ValueError, match=r"time-major \(T, B, 8\)"):
         forward(net, params, x[0])
@@ -415,15 +415,15 @@ def test_lif_readout_puts_every_weight_behind_a_spike():
     y = jnp.array([0, 1, 2, 0])
     plain = NetConfig(8, 3, hidden=(6, 5), spike="no_surrogate", readout="lif", readout_drive=4.0)
     params = init_net(plain, key=jax.random.key(0))
-    out = forward(plain, params, x)
+    out = jax.jit(lambda p, x: forward(plain, p, x))(params, x)
     assert out.traces.shape == (6, 4, 3) and set(np.unique(np.asarray(out.traces))) <= {0.0, 1.0}
     # Every layer fires, so a zero gradient below is the missing surrogate, not silence.
     assert all(float(s.sum()) > 0 for s in (*out.spikes, out.traces))
     for loss in (mse_count, ce_spike_count):
-        g = jax.grad(lambda p, loss=loss: loss(forward(plain, p, x).traces, y))(params)
+        g = jax.jit(jax.grad(lambda p, loss=loss: loss(forward(plain, p, x).traces, y)))(params)
         assert all(float(jnp.abs(leaf).max()) == 0 for leaf in jax.tree.leaves(g))
     surrogate = NetConfig(8, 3, hidden=(6, 5), spike="fast_sigmoid", readout="lif")
-    g = jax.grad(lambda p: mse_count(forward(surrogate, p, x).traces, y))(params)
+    g = jax.jit(jax.grad(lambda p: mse_count(forward(surrogate, p, x).traces, y)))(params)
     assert float(jnp.abs(g.layers[0].w).max()) > 0 and float(jnp.abs(g.readout.w).max()) > 0
     # The output bias starts at the drive that holds a neuron at threshold: b = d * theta * (1 - beta).
     drive = NetConfig(8, 3, hidden=(6,), readout="lif", readout_drive=0.5, threshold=0.8, readout_decay=0.75)
