@@ -27,8 +27,13 @@ $(STAMP): pyproject.toml requirements/constraints.txt $(LLAMACPP)
 demo: setup
 	$(BIN)/stejax demo --out demo-out
 
-test: lint docs
-	$(BIN)/python -m pytest -n 2 -q
+# lint and docs run side by side (each is one process; their output is kept apart), then the tests on two
+# workers. The suite starts many Python processes (test workers, docs pages, the 8-device mesh, command-line
+# workers), so Python's bytecode cache stays on even where the environment turns it off
+# (PYTHONDONTWRITEBYTECODE): each process then reads stejax's compiled modules instead of compiling them again.
+test: setup
+	$(MAKE) --no-print-directory --jobs=2 --output-sync=target lint docs
+	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -n 2 -q
 
 # `make test` runs exactly this first, so lint cannot drift from CI.
 lint: setup
