@@ -24,7 +24,7 @@ from stejax.bench.results import Figure, Recorder
 
 RUNS = {
     "demo": "stejax demo --out demo-out: the digits QAT comparison, 7 configurations × 10 seeds, 2 workers",
-    "test": "lint (ruff, mypy), the strict docs build, then pytest -n 2",
+    "test": "lint (ruff, mypy) beside the strict docs build, then pytest -n 2",
 }
 
 
