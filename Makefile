@@ -10,12 +10,17 @@ setup: $(STAMP)
 
 # llama-cpp-python (the gguf extra) compiles llama.cpp from source: minutes on 2 cores, once (pip's wheel cache
 # keeps the build). Its own target, which setup (and so `make test`) depends on, so it can be built ahead.
-LLAMACPP := $(VENV)/.llamacpp
+# On x86-64 it is built without llama.cpp's AMX kernels: on Intel CPUs with AMX they stop the process with an
+# illegal instruction (tile instructions without a valid tile configuration), and stejax.lm.load_llama refuses a
+# build that has them. GCC and Clang keep an explicit -mno-* even where llama.cpp adds -march=native.
+LLAMACPP := $(VENV)/.llamacpp-no-amx
+LLAMACPP_CFLAGS := $(if $(filter x86_64 amd64,$(shell uname -m)),-mno-amx-tile -mno-amx-int8 -mno-amx-bf16)
 llamacpp: $(LLAMACPP)
 
 $(LLAMACPP): requirements/constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet -c requirements/constraints.txt llama-cpp-python
+	CFLAGS="$(LLAMACPP_CFLAGS)" CXXFLAGS="$(LLAMACPP_CFLAGS)" \
+		$(BIN)/python -m pip install --quiet -c requirements/constraints.txt llama-cpp-python
 	touch $(LLAMACPP)
 
 $(STAMP): pyproject.toml requirements/constraints.txt $(LLAMACPP)

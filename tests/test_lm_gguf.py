@@ -35,6 +35,7 @@ from stejax.lm import (
 )
 from stejax.lm._export import _flat_params, export_lm, load_lm_artifact
 from stejax.lm._gguf import _from_artifact
+from stejax.lm._llamacpp import _refuse_amx_build
 
 pytestmark = pytest.mark.xdist_group("lm_gguf")
 
@@ -285,6 +286,18 @@ def test_greedy_decoding_agrees_on_the_first_32_bytes_of_every_prompt(exported, 
         agreed.append(next((i for i, (a, b) in enumerate(zip(ours.tokens, theirs)) if a != b), 128))
     llm.close()
     assert min(agreed) >= GREEDY_BYTES, (name, agreed)
+
+
+def test_the_installed_llamacpp_has_no_amx_kernels_and_a_build_with_them_is_refused(tmp_path):
+    """make setup builds llama.cpp without its AMX kernels (they stop the process on CPUs with AMX); load_llama
+    refuses a build that has them, with the rebuild command, before llama.cpp runs anything."""
+    import llama_cpp
+
+    info = llama_cpp.llama_print_system_info()
+    assert b"AVX" in info or b"NEON" in info, info  # the CPU backend's feature list, as the check reads it
+    _refuse_amx_build(info)
+    with pytest.raises(RuntimeError, match=r"AMX_INT8 = 1.*CFLAGS=\"-mno-amx-tile -mno-amx-int8 -mno-amx-bf16\""):
+        _refuse_amx_build(b"CPU : AVX2 = 1 | AVX512 = 1 | AMX_INT8 = 1 | REPACK = 1 | ")
 
 
 def test_ternary_rows_of_256_become_tq2_0_or_tq1_0(tmp_path):

@@ -38,8 +38,10 @@ def load_llama(path: str | os.PathLike, *, threads: int = 2, context: int = 256,
       context: positions to hold (raised to 256, llama.cpp's least).
       logits_all: keep the logits of every evaluated position (:func:`llamacpp_logits` needs them).
     """
+    import llama_cpp
     from llama_cpp import Llama
 
+    _refuse_amx_build(llama_cpp.llama_print_system_info())
     n_ctx = max(int(context), _LEAST_CONTEXT)
     return Llama(
         model_path=str(path),
@@ -54,6 +56,25 @@ def load_llama(path: str | os.PathLike, *, threads: int = 2, context: int = 256,
         flash_attn=False,
         verbose=False,
     )
+
+
+# llama.cpp's CPU backend reports AMX_INT8 = 1 when it was compiled with its AMX kernels (a compile-time flag,
+# not the CPU's). Those kernels run tile instructions without a valid tile configuration and stop the whole process
+# with an illegal instruction (SIGILL) on Intel CPUs with AMX; on CPUs without AMX they are illegal outright.
+_AMX_BUILD = b"AMX_INT8 = 1"
+_NO_AMX_FLAGS = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+
+
+def _refuse_amx_build(system_info: bytes) -> None:
+    """Raise where llama-cpp-python was compiled with llama.cpp's AMX kernels (``system_info``: llama.cpp's own)."""
+    if _AMX_BUILD in system_info:
+        raise RuntimeError(
+            "llama-cpp-python was compiled with llama.cpp's AMX kernels (its system info reports "
+            f"{_AMX_BUILD.decode()}), which stop the process with an illegal instruction; expected a build "
+            "without them. Rebuild it: pip cache remove 'llama_cpp_python*'; "
+            f'CFLAGS="{_NO_AMX_FLAGS}" CXXFLAGS="{_NO_AMX_FLAGS}" '
+            "pip install --force-reinstall --no-deps llama-cpp-python (in a clone of stejax: make llamacpp)."
+        )
 
 
 def _tokens(sequence: bytes | Sequence[int]) -> list[int]:
