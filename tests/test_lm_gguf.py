@@ -55,7 +55,11 @@ THREADS = 1
 INPUT_BLOCK = 32
 TOP1_AGREEMENT = 0.99  # llama.cpp's top-1 byte is stejax's at least this often, every configuration
 BPB_RELATIVE = 0.01  # llama.cpp's bits per byte within 1% of stejax's
-GREEDY_BYTES = 32  # greedy decoding agrees on at least the first 32 bytes of every prompt
+GREEDY_BYTES = 32  # greedy decoding agrees on at least the first 32 bytes of a prompt, unless at a near-tie:
+# stejax's two best bytes within these logits. llama.cpp sums in another order, so its float logits differ from
+# stejax's by about 1e-5; a quantised product's input within rounding of a code boundary can take the neighbouring
+# code there, and the logits of the quantised models differ by up to about 0.1.
+NEAR_TIE = {"float": 1e-3, "quantised": 0.05}
 
 
 def _trained_config(name: str) -> LMQuant:
@@ -274,18 +278,32 @@ def test_llamacpp_logits_agree_with_the_integer_forward(exported, windows, name)
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_greedy_decoding_agrees_on_the_first_32_bytes_of_every_prompt(exported, name):
+def test_greedy_decoding_agrees_on_the_first_32_bytes_of_every_prompt_or_up_to_a_near_tie(exported, name):
+    """Byte for byte for at least 32 bytes after every prompt; an earlier first difference only at a near-tie:
+    on the common prefix, stejax's two best bytes are within NEAR_TIE logits and llama.cpp takes the second."""
     artifact, result = exported[name]
     model = load_lm_artifact(artifact).model
-    llm = load_llama(result.path, threads=THREADS, context=MODEL.context)
+    llm = load_llama(result.path, threads=THREADS, context=MODEL.context, logits_all=True)
+    tie = NEAR_TIE["float" if name == "float" else "quantised"]
     agreed = []
     for prompt in PROMPTS:
-        ours = generate(model, prompt, tokens=128, key=jax.random.key(0), temperature=0)
+        ours = generate(model, prompt, tokens=128, key=jax.random.key(0), temperature=0).tokens
         theirs = llamacpp_greedy(llm, prompt, tokens=128).tokens
         assert len(theirs) == 128
-        agreed.append(next((i for i, (a, b) in enumerate(zip(ours.tokens, theirs)) if a != b), 128))
+        first = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), 128)
+        agreed.append(first)
+        if first < GREEDY_BYTES:
+            prefix = np.frombuffer(prompt + bytes(ours[:first]), np.uint8)
+            logits = np.asarray(model(jnp.asarray(prefix[None])))[0, -1]
+            runner_up, best = np.argsort(logits)[-2:]
+            assert (best, runner_up) == (ours[first], theirs[first]), (name, prompt, first)
+            margin = float(logits[best] - logits[runner_up])
+            assert margin <= tie, (name, prompt, first, margin)
+            # llama.cpp's own logits on the same prefix see a near-tie between the two as well.
+            theirs_logits = llamacpp_logits(llm, prefix)[-1]
+            assert abs(theirs_logits[runner_up] - theirs_logits[best]) <= tie, (name, prompt, first)
     llm.close()
-    assert min(agreed) >= GREEDY_BYTES, (name, agreed)
+    assert sum(a >= GREEDY_BYTES for a in agreed) >= len(PROMPTS) // 2, (name, agreed)
 
 
 def test_the_installed_llamacpp_has_no_amx_kernels_and_a_build_with_them_is_refused(tmp_path):
