@@ -308,14 +308,16 @@ def test_greedy_decoding_agrees_on_the_first_32_bytes_of_every_prompt_or_up_to_a
 
 def test_the_installed_llamacpp_has_no_amx_kernels_and_a_build_with_them_is_refused(tmp_path):
     """make setup builds llama.cpp without its AMX kernels (they stop the process on CPUs with AMX); load_llama
-    refuses a build that has them, with the rebuild command, before llama.cpp runs anything."""
+    refuses a build that has them on such a CPU, with the rebuild command, before llama.cpp runs anything."""
     import llama_cpp
 
     info = llama_cpp.llama_print_system_info()
     assert b"AVX" in info or b"NEON" in info, info  # the CPU backend's feature list, as the check reads it
-    _refuse_amx_build(info)
+    _refuse_amx_build(info, cpu_has_amx=True)
+    amx_build = b"CPU : AVX2 = 1 | AVX512 = 1 | AMX_INT8 = 1 | REPACK = 1 | "
     with pytest.raises(RuntimeError, match=r"AMX_INT8 = 1.*CFLAGS=\"-mno-amx-tile -mno-amx-int8 -mno-amx-bf16\""):
-        _refuse_amx_build(b"CPU : AVX2 = 1 | AVX512 = 1 | AMX_INT8 = 1 | REPACK = 1 | ")
+        _refuse_amx_build(amx_build, cpu_has_amx=True)
+    _refuse_amx_build(amx_build, cpu_has_amx=False)  # llama.cpp leaves its AMX kernels unused without AMX
 
 
 def test_ternary_rows_of_256_become_tq2_0_or_tq1_0(tmp_path):

@@ -39,11 +39,10 @@ def load_llama(path: str | os.PathLike, *, threads: int = 2, context: int = 256,
       logits_all: keep the logits of every evaluated position (:func:`llamacpp_logits` needs them).
     """
     import llama_cpp
-    from llama_cpp import Llama
 
-    _refuse_amx_build(llama_cpp.llama_print_system_info())
+    _refuse_amx_build(llama_cpp.llama_print_system_info(), _cpu_has_amx())
     n_ctx = max(int(context), _LEAST_CONTEXT)
-    return Llama(
+    return llama_cpp.Llama(
         model_path=str(path),
         n_ctx=n_ctx,
         n_batch=n_ctx,
@@ -58,20 +57,29 @@ def load_llama(path: str | os.PathLike, *, threads: int = 2, context: int = 256,
     )
 
 
-# llama.cpp's CPU backend reports AMX_INT8 = 1 when it was compiled with its AMX kernels (a compile-time flag,
-# not the CPU's). Those kernels run tile instructions without a valid tile configuration and stop the whole process
-# with an illegal instruction (SIGILL) on Intel CPUs with AMX; on CPUs without AMX they are illegal outright.
+# llama.cpp's CPU backend reports AMX_INT8 = 1 when it was compiled with its AMX kernels (a compile-time flag).
+# It uses them only where the CPU has AMX, and there they run tile instructions without a valid tile configuration
+# and stop the whole process with an illegal instruction (SIGILL).
 _AMX_BUILD = b"AMX_INT8 = 1"
 _NO_AMX_FLAGS = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 
 
-def _refuse_amx_build(system_info: bytes) -> None:
-    """Raise where llama-cpp-python was compiled with llama.cpp's AMX kernels (``system_info``: llama.cpp's own)."""
-    if _AMX_BUILD in system_info:
+def _cpu_has_amx() -> bool:
+    """Whether the CPU has AMX: its ``amx_tile`` flag on Linux; elsewhere assumed (llama.cpp cannot be asked)."""
+    try:
+        return " amx_tile" in Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return True
+
+
+def _refuse_amx_build(system_info: bytes, cpu_has_amx: bool) -> None:
+    """Raise where llama-cpp-python was compiled with llama.cpp's AMX kernels (``system_info``: llama.cpp's own) and
+    the CPU would run them."""
+    if _AMX_BUILD in system_info and cpu_has_amx:
         raise RuntimeError(
             "llama-cpp-python was compiled with llama.cpp's AMX kernels (its system info reports "
-            f"{_AMX_BUILD.decode()}), which stop the process with an illegal instruction; expected a build "
-            "without them. Rebuild it: pip cache remove 'llama_cpp_python*'; "
+            f"{_AMX_BUILD.decode()}), which stop the process with an illegal instruction on this CPU (it has AMX); "
+            "expected a build without them. Rebuild it: pip cache remove 'llama_cpp_python*'; "
             f'CFLAGS="{_NO_AMX_FLAGS}" CXXFLAGS="{_NO_AMX_FLAGS}" '
             "pip install --force-reinstall --no-deps llama-cpp-python (in a clone of stejax: make llamacpp)."
         )
