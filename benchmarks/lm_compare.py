@@ -90,7 +90,7 @@ def _figures(report: dict[str, Any]) -> dict[str, Any]:
             figures["ternary_scratch_gap"] = Figure(
                 round(d, 4), f"{d:+.2f}%", target=f"≤ +{row['bound']:g}%", met=verdict(row["met"])
             )
-            figures["ternary_scratch_gap_moonshot"] = Figure(
+            figures["ternary_scratch_gap_stretch"] = Figure(
                 round(d, 4), f"{d:+.2f}%", target=f"≤ +{row['moonshot']:g}%", met=verdict(row["moonshot_met"])
             )
         elif key.startswith("w4a8_no_ste"):

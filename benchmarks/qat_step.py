@@ -281,7 +281,7 @@ def main() -> None:
         "mlp_w8a8_vs_float": ("stejax w8a8", "stejax float", "≤ 1.15×", 1.15),
         "mlp_int8_vs_qwix": ("stejax int8", "qwix int8", "≤ 1.00×", 1.00),
         "cnn_int8_vs_qwix": ("CNN int8 stejax int8", "CNN int8 qwix int8", "≤ 1.00×", 1.00),
-        "cnn_w4a4_vs_float": ("CNN w4a4", "CNN float", "≤ 1.05×", 1.05),
+        "cnn_w4a4_vs_float": ("CNN w4a4", "CNN float", "≤ 1.10×", 1.10),  # the digits comparison's own bar
         "mlp_int8_products_vs_qwix": ("stejax int8 (integer products)", "qwix int8", None, None),
         "cnn_w8a8_vs_float": ("CNN w8a8", "CNN float", None, None),
         "mlp_cond_vs_step": ("stejax w8a8 (one program, lax.cond)", "stejax w8a8", None, None),
@@ -324,11 +324,11 @@ def main() -> None:
                     "p90": r["p90"],
                     "numerator_ms": moon[a]["stats_ms"]["p50_ms"],
                     "denominator_ms": moon[b]["stats_ms"]["p50_ms"],
-                    "target": "< 1.00× (moonshot)" if name == "int8 products" else "",
+                    "target": "< 1.00× (stretch)" if name == "int8 products" else "",
                 }
             )
             if name == "int8 products":
-                figures[f"moonshot_w8a8_vs_float_{width}"] = Figure(
+                figures[f"int8_products_w8a8_vs_float_{width}"] = Figure(
                     r["p50"], f"{r['p50']:.3f}×", target="< 1.00×", met=bool(r["p50"] < 1.0)
                 )
 
@@ -346,8 +346,8 @@ def main() -> None:
         ],
         figures=figures,
         notes=f"Per-round ratios of CPU time per call ({args.repeats} interleaved rounds of 3 calls each, after "
-        f"{args.warmup} warm-up calls; the moonshot: fewer rounds of one call). stejax float, w8a8 and the CNN presets "
-        "are the step train takes on every batch but an epoch's last.",
+        f"{args.warmup} warm-up calls; the int8-product rows: fewer rounds of one call). stejax float, w8a8 and the "
+        "CNN presets are the step train takes on every batch but an epoch's last.",
     )
     hlo_rec = Recorder("qat_step_hlo", command=command)
     hlo_rec.write(
