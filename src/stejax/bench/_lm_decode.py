@@ -439,7 +439,7 @@ def figures(rows: Sequence[dict[str, Any]], limit: dict[str, Any] | None) -> dic
             if big:
                 best = max(best, (ratio, weights))
     if best[1]:
-        out["moonshot_ternary_vs_float_25M"] = Figure(
+        out["stretch_ternary_vs_float_25M"] = Figure(
             round(best[0], 3),
             f"{best[0]:.2f}×",
             target="≥ 1.5×",
