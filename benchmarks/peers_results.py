@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
         model = group["info"]["model"]
         rows.append(
             {
-                "model": f"{model} (input {' × '.join(map(str, group['info']['batch']))})",
+                "model": f"{model}, input {tuple(group['info']['batch'])}",
                 "ratio": round(ratio["p50"], 3),
                 "p10": round(ratio["p10"], 3),
                 "p90": round(ratio["p90"], 3),
@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         met = ratio["p50"] <= RULES_TARGET
         figures[key] = Figure(round(ratio["p50"], 3), f"{ratio['p50']:.3f}×", target=f"≤ {RULES_TARGET}×", met=met)
-    recorder.write(
+    written = recorder.write(
         options.results / "rules_peers.json",
         rows=rows,
         columns=[
@@ -85,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     recorder.write(
         options.results / "snn_peers.json",
+        commit=written["commit"],  # the tree both were measured at (the first file written is not a change to it)
         rows=rows,
         columns=[("time_steps", "time steps T"), ("ratio", "stejax / Spyx, p50", "{:.3f}")],
         figures=figures,
