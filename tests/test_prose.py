@@ -13,6 +13,7 @@ from __future__ import annotations
 import ast
 import re
 from collections.abc import Iterator
+from html.parser import HTMLParser
 from pathlib import Path
 
 import click
@@ -35,7 +36,17 @@ PROCESS_WORDS = [
     ("load in prose", r"\bload averages?\s+(?:of\s+|between\s+|about\s+|at\s+)?\d|\bat (?:a )?load (?:average )?\d"),
     ("commit as provenance", r"\b(?:commit|tree of)\s+[0-9a-f]{7,40}\b"),
     ("date", r"\b20\d\d-\d\d-\d\d\b|\b\d\d:\d\d(?::\d\d)? UTC\b"),
+    ("moonshot", r"\bmoonshots?\b"),
+    ("as before", r"\bas before\b"),
+    ("a decision", r"\bA decision:"),
+    ("tried and not kept", r"\btried and not kept\b|\bnot adopted\b"),
+    ("the machine's load in prose", r"\bon a (?:busy|loaded) machine\b|\bon a machine this loaded\b"),
+    ("shared cores", r"\b(?:\d+|two) shared cores\b"),
+    ("uncommitted changes", r"\bwith uncommitted changes\b"),
 ]
+# Private names have no place in the user's documentation (README, docs/ and the built site): a reader cannot use
+# them, and they change without notice. CONTRIBUTING.md, for developers, may name them.
+PRIVATE_NAME = re.compile(r"\bstejax(?:\.[A-Za-z]\w*)*\._[A-Za-z]\w*|(?<![\w.])_signer_of\b")
 # A commit id: 7 to 40 hex digits with at least one digit and one letter (so "decade" and "1234567" pass).
 COMMIT = re.compile(r"(?<![\w/.#-])(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}(?![\w/.-])")
 # Exact phrases that contain a pattern legitimately; removed from a line before it is searched.
@@ -111,8 +122,83 @@ def cli_help_texts() -> Iterator[tuple[str, str]]:
 
 @pytest.mark.parametrize("page", [p for p in pages() if p.exists()], ids=lambda p: p.relative_to(ROOT).as_posix())
 def test_pages_speak_of_the_product(page):
-    hits = find_process_words(page.read_text("utf-8"))
+    text = page.read_text("utf-8")
+    hits = find_process_words(text)
+    if page.name != "CONTRIBUTING.md":
+        lines = enumerate(text.split("\n"), start=1)
+        hits += [(n, "private name", line.strip()) for n, line in lines if PRIVATE_NAME.search(line)]
     assert not hits, "\n".join(f"{page.relative_to(ROOT)}:{n}: {what}: {line[:160]}" for n, what, line in hits)
+
+
+SITE = ROOT / "site"
+# A rendered results table's provenance line names its command, commit, date, machine and load, on purpose.
+_PROVENANCE = re.compile(r"^(?:Measured by|An older measurement, by) ")
+
+
+class _Text(HTMLParser):
+    """The text of a built page's article, one line per block, without code blocks, scripts or styles."""
+
+    _SKIPPED = ("pre", "script", "style")
+    _BLOCKS = ("p", "li", "tr", "h1", "h2", "h3", "h4", "h5", "h6", "dt", "dd", "div", "br", "small", "td", "th")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[str] = [""]
+        self._skipping = 0
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag in self._SKIPPED:
+            self._skipping += 1
+        elif tag in self._BLOCKS:
+            self.lines.append("")
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag in self._SKIPPED:
+            self._skipping = max(0, self._skipping - 1)
+        elif tag in self._BLOCKS:
+            self.lines.append("")
+
+    def handle_data(self, data: str) -> None:
+        if not self._skipping:
+            self.lines[-1] += data.replace("\n", " ")
+
+
+def site_text(html: str) -> str:
+    """The readable text of one built page: its article (the theme's navigation is left out), a block a line."""
+    article = re.search(r"<article\b.*?</article>", html, flags=re.S)
+    parser = _Text()
+    parser.feed(article.group(0) if article else html)
+    return "\n".join(" ".join(line.split()) for line in parser.lines if line.strip())
+
+
+def built_pages() -> list[Path]:
+    return sorted(SITE.rglob("*.html")) if (SITE / "index.html").is_file() else []
+
+
+def test_the_built_site_speaks_of_the_product():
+    # `make test` builds the site (mkdocs build --strict) before the tests: this reads what a visitor reads, with
+    # the results tables, the generated CLI and API reference and the changelog rendered in.
+    if not built_pages():
+        pytest.skip("no built site in site/: `make docs` builds it (`make test` does, before the tests)")
+    hits = []
+    for page in built_pages():
+        for number, line in enumerate(site_text(page.read_text("utf-8")).split("\n"), start=1):
+            if _PROVENANCE.match(line):
+                continue
+            found = [what for _, what, _ in find_process_words(line)]
+            # The API reference renders docstrings, whose private names test_docstrings_... does not police.
+            if PRIVATE_NAME.search(line) and page.parent.name != "api":
+                found.append("private name")
+            hits += [f"{page.relative_to(SITE)}: text line {number}: {what}: {line[:160]}" for what in found]
+    assert not hits, "\n".join(hits)
+
+
+def test_site_text_keeps_prose_and_drops_code_and_navigation():
+    html = (
+        "<nav><p>Moonshot in the menu</p></nav><article><h1>Title</h1><p>One <em>line</em>\nof prose.</p>"
+        "<pre><code>x = 'a1b2c3d4e5'</code></pre><table><tr><td>cell</td></tr></table></article>"
+    )
+    assert site_text(html) == "Title\nOne line of prose.\ncell"
 
 
 def test_docstrings_speak_of_the_product():
@@ -146,6 +232,15 @@ def test_cli_help_speaks_of_the_product():
         "under a load average of 18",
         "re-run at 16:18 UTC on 2026-12-03",
         "9% less than before this change",
+        "The moonshot: a step faster than float.",
+        "Tried and not kept: unrolling the loop.",
+        "The mask was not adopted.",
+        "A decision: the verifier lays inputs out as a batch.",
+        "On a busy machine that second core is not free.",
+        "On a machine this loaded, the ratios move.",
+        "hours a seed on 2 shared cores",
+        "commit 3087169 with uncommitted changes",
+        "The registry checks no signature, as before.",
     ],
 )
 def test_process_words_are_caught(text):
@@ -167,3 +262,17 @@ def test_process_words_are_caught(text):
 )
 def test_legitimate_words_pass(text):
     assert find_process_words(text) == [], text
+
+
+@pytest.mark.parametrize(
+    ("text", "private"),
+    [
+        ("from stejax.lm._packing import pack", True),
+        ("told so by `stejax.bench._peers_rules.qwix_per_tensor_provider`", True),
+        ("`_signer_of` picks the verifier", True),
+        ("`stejax.lm.decode` and `stejax.flax.quantize_model`", False),
+        ("jax._src is JAX's own", False),
+    ],
+)
+def test_private_names_are_caught(text, private):
+    assert bool(PRIVATE_NAME.search(text)) is private, text

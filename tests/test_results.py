@@ -8,7 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from stejax.bench.results import Figure, Recorder, check_markers, check_results, load_results, render_markdown
+from stejax.bench.results import (
+    Figure,
+    Recorder,
+    check_markers,
+    check_results,
+    is_current,
+    load_results,
+    render_markdown,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "docs" / "results"
@@ -113,3 +121,74 @@ def test_the_readme_figures_equal_their_results_files():
     assert 1 <= len(figure_rows) <= 6, f"expected 1 to 6 figures at a glance; got {len(figure_rows)}"
     unmarked = [row for row in figure_rows if "<!-- results:" not in row]
     assert not unmarked, f"every figure at a glance must name its results file: {unmarked}"
+
+
+def _readme_citations() -> dict[str, list[str]]:
+    """Each results file the README cites, with the README lines that cite it."""
+    cited: dict[str, list[str]] = {}
+    for line in (ROOT / "README.md").read_text("utf-8").splitlines():
+        for name in re.findall(r"<!--\s*results:\s*([a-z0-9_\-]+)\.", line):
+            cited.setdefault(name, []).append(line)
+    return cited
+
+
+@pytest.mark.parametrize("path", RESULTS_FILES, ids=lambda p: p.name)
+def test_every_results_file_is_current_or_says_it_is_older(path):
+    # Current: measured at a committed tree, with the CPU model and the load recorded. Otherwise the file says
+    # why it is older, and the pages render its provenance line as an older measurement.
+    doc = load_results(path)
+    if is_current(doc):
+        assert "older" not in doc
+        return
+    older = doc.get("older")
+    assert isinstance(older, str) and older.strip(), f"{path.name}: not current, and no `older` sentence saying why"
+    commit = str((doc["commit"] or {}).get("id") or "")
+    assert commit and commit[:7] in older, f"{path.name}: `older` must name the commit that measured it"
+    assert "An older measurement" in render_markdown(f'{{{{ results_source("{path.stem}") }}}}', RESULTS)
+
+
+@pytest.mark.parametrize("name", sorted(_readme_citations()))
+def test_every_results_file_the_readme_cites_is_current_or_marked_older_there(name):
+    doc = load_results(RESULTS / f"{name}.json")
+    machine, load = doc["machine"], doc["load"]
+    if is_current(doc):
+        assert doc["commit"]["uncommitted_changes"] is False and doc["commit"]["id"]
+        assert "not recorded" not in machine["cpu"]
+        assert isinstance(load["start"], int | float) and isinstance(load["end"], int | float)
+        return
+    unmarked = [line for line in _readme_citations()[name] if "older" not in line]
+    assert not unmarked, f"README cites {name}.json, an older measurement, without saying so: {unmarked}"
+
+
+def test_is_current_needs_a_committed_tree_a_cpu_model_and_the_load(folder):
+    doc = load_results(folder / "speed.json")
+    current = {**doc, "commit": {"id": "abc1234def56", "uncommitted_changes": False}}
+    assert is_current(current)
+    assert not is_current({**current, "commit": {"id": "abc1234def56", "uncommitted_changes": True}})
+    assert not is_current({**current, "machine": {**doc["machine"], "cpu": "x86-64 (model not recorded)"}})
+    assert not is_current({**current, "load": {"start": None, "end": None, "note": "not recorded"}})
+    assert not is_current({**current, "older": "re-measured elsewhere"})
+    changed = {**current, "commit": {"id": "abc1234def56", "uncommitted_changes": True}}
+    (folder / "speed.json").write_text(json.dumps(changed), "utf-8")
+    line = render_markdown('{{ results_source("speed") }}', folder)
+    assert "An older measurement" in line and "commit abc1234def56 plus local changes" in line
+
+
+def test_the_glance_table_shows_each_figure_beside_its_target_met_or_missed():
+    readme = (ROOT / "README.md").read_text("utf-8")
+    glance = re.search(r"^## Results at a glance\n(.*?)(?=^## )", readme, flags=re.M | re.S)
+    assert glance
+    rows = [line for line in glance.group(1).splitlines() if line.startswith("|") and not line.startswith("|--")]
+    header = [cell.strip() for cell in rows[0].strip("|").split("|")]
+    assert header[:3] == ["what", "figure", "target"], header
+    for row in rows[1:]:
+        cells = [cell.strip() for cell in row.strip("|").split("|")]
+        targets, verdicts = [t.strip() for t in cells[2].split(";")], [v.strip() for v in cells[3].split(";")]
+        markers = re.findall(r"<!--\s*results:\s*([a-z0-9_\-]+)\.([A-Za-z0-9_\-]+)\s*-->", cells[1])
+        assert len(verdicts) == len(markers) and len(targets) in (1, len(markers)), row
+        for i, (name, key) in enumerate(markers):
+            figure = load_results(RESULTS / f"{name}.json")["figures"][key]
+            assert figure["target"] and figure["met"] is not None, f"{name}.{key} has no target: show it without one"
+            target = targets[i if len(targets) > 1 else 0]
+            assert figure["target"].replace(" ", "") == target.replace(" ", ""), (name, key, figure["target"], target)
+            assert verdicts[i].strip("*") == ("met" if figure["met"] else "missed"), (name, key, verdicts[i])

@@ -55,6 +55,7 @@ __all__ = [
     "Recorder",
     "check_markers",
     "check_results",
+    "is_current",
     "load_results",
     "render_markdown",
 ]
@@ -279,7 +280,7 @@ def _source_line(doc: Mapping[str, Any]) -> str:
     commit = doc["commit"] or {}
     commit_text = commit.get("id") or "unknown commit"
     if commit.get("uncommitted_changes"):
-        commit_text += " with uncommitted changes"
+        commit_text += " plus local changes"
     machine = doc["machine"]
     load = doc["load"] or {}
     load_text = "–".join(f"{v:g}" for v in (load.get("start"), load.get("end")) if isinstance(v, int | float))
@@ -291,7 +292,27 @@ def _source_line(doc: Mapping[str, Any]) -> str:
     ]
     if load_text:
         parts.append(f"load average {load_text}")
-    return "<small>Measured by " + " · ".join(parts) + ".</small>"
+    # A file that is not current says so (see `is_current`): the reader weighs an older figure accordingly.
+    lead = "Measured by " if is_current(doc) else "An older measurement, by "
+    return "<small>" + lead + " · ".join(parts) + ".</small>"
+
+
+def is_current(doc: Mapping[str, Any]) -> bool:
+    """Whether a results file was measured at a committed tree with the CPU model and the load recorded.
+
+    A file that is not current carries ``older``: one sentence saying what it lacks. Pages render its
+    provenance line as an older measurement, and the README marks each of its figures "older".
+    """
+    commit = doc.get("commit") or {}
+    machine = doc.get("machine") or {}
+    load = doc.get("load") or {}
+    return (
+        not doc.get("older")
+        and bool(commit.get("id"))
+        and commit.get("uncommitted_changes") is False
+        and "not recorded" not in str(machine.get("cpu", "not recorded"))
+        and all(isinstance(load.get(k), int | float) for k in ("start", "end"))
+    )
 
 
 def _table(doc: Mapping[str, Any], where: str | None = None, columns: str | None = None) -> str:
