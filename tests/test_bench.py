@@ -208,7 +208,7 @@ def test_all_runs_every_suite_in_order_and_writes_one_report(monkeypatch, tmp_pa
         return suite
 
     # Each suite's own run is below; here all but the (fast) estimators suite stand in for themselves.
-    runners = ("train_suite", "inference_suite", "peers_suite", "_onnx_suite", "_lm_decode_suite")
+    runners = ("train_suite", "inference_suite", "peers_suite", "_onnx_suite", "_lm_decode_suite", "_train_step_suite")
     for runner, name in zip(runners, SUITES[1:], strict=True):
         monkeypatch.setattr(run_module, runner, fake(name))
     report = quick_run(["all"], tmp_path, estimators=["round_ste"])

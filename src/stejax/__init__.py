@@ -25,6 +25,8 @@ from stejax.estimators.latent import gumbel_softmax_st as gumbel_softmax_st
 from stejax.estimators.latent import rotation_trick as rotation_trick
 from stejax.estimators.latent import vq_quantize as vq_quantize
 from stejax.estimators.latent import vq_ste as vq_ste
+from stejax.estimators.products import integer_dot_general as integer_dot_general
+from stejax.estimators.products import integer_einsum as integer_einsum
 from stejax.estimators.products import quantized_matmul as quantized_matmul
 from stejax.estimators.rounding import ceil_ste as ceil_ste
 from stejax.estimators.rounding import floor_ste as floor_ste

@@ -19,7 +19,7 @@ from stejax.bench._train import train_suite
 
 __all__ = ["PROTOCOL", "SUITES", "BenchSettings", "run_bench"]
 
-SUITES: tuple[str, ...] = ("estimators", "train", "inference", "peers", "onnx", "lm-decode")
+SUITES: tuple[str, ...] = ("estimators", "train", "inference", "peers", "onnx", "lm-decode", "train-step")
 
 PROTOCOL = (
     "every variant is called `warmup` times first, untimed (the first call compiles; compilations are "
@@ -73,6 +73,7 @@ def run_bench(
     estimators: Sequence[str] | None = None,
     on_event: Callable[[Mapping[str, Any]], None] | None = None,
     plots: bool = True,
+    widths: Sequence[int] | None = None,
 ) -> dict[str, Any]:
     """Run benchmark suites in one process and write ``bench.json``, ``bench.md`` and ``bench.png``.
 
@@ -87,6 +88,7 @@ def run_bench(
       estimators: only these catalog estimators in the estimators suite.
       on_event: called with ``{"event": "suite", "suite": name}`` before each suite.
       plots: draw ``bench.png``.
+      widths: the LM widths of the train-step suite (None: its defaults for the device).
 
     Returns:
       The report (the content of ``bench.json``).
@@ -121,6 +123,7 @@ def run_bench(
         "peers": lambda: peers_suite(repeats=r, warmup=w, quick=quick),
         "onnx": lambda: _onnx_suite(repeats=r, warmup=w, quick=quick),
         "lm-decode": lambda: _lm_decode_suite(repeats=r, warmup=w, quick=quick),
+        "train-step": lambda: _train_step_suite(repeats=r, warmup=w, quick=quick, widths=widths),
     }
     for name in names:
         if on_event is not None:
@@ -148,6 +151,12 @@ def _lm_decode_suite(**kwargs: Any) -> dict[str, Any]:
     from stejax.bench._lm_decode import lm_decode_suite  # imports the LM (the flax and train extras)
 
     return lm_decode_suite(**kwargs)
+
+
+def _train_step_suite(**kwargs: Any) -> dict[str, Any]:
+    from stejax.bench._train_step import train_step_suite  # imports the LM (the flax and train extras)
+
+    return train_step_suite(**kwargs)
 
 
 def _resolve(suites: Sequence[str]) -> list[str]:

@@ -16,7 +16,7 @@ from stejax.cli.catalog import lookup
 
 __all__ = ["bench_command", "diagnose_command"]
 
-_BENCH_SUITES = ("estimators", "train", "inference", "peers", "onnx", "lm-decode", "all")
+_BENCH_SUITES = ("estimators", "train", "inference", "peers", "onnx", "lm-decode", "train-step", "all")
 
 
 @click.command("bench", short_help="Time estimators, training steps, inference and peer libraries.")
@@ -38,6 +38,15 @@ _BENCH_SUITES = ("estimators", "train", "inference", "peers", "onnx", "lm-decode
 )
 @click.option("--quick", is_flag=True, help="Small models and inputs: a check that every suite runs, in seconds.")
 @click.option("--estimator", "estimators", multiple=True, metavar="NAME", help="Only this estimator (repeatable).")
+@click.option(
+    "--width",
+    "widths",
+    multiple=True,
+    type=click.IntRange(min=32),
+    help="train-step: an LM width to measure (repeatable; default 512, 1024 and 2048 on a TPU, 64 and 128 on "
+    "a CPU). Each variant's step (float32, bfloat16, fake-quant, int8 forward, int8 forward and backward, "
+    "Qwix int8, Qwix QT) is timed side by side at that width.",
+)
 def bench_command(
     suites: tuple[str, ...],
     out: Path,
@@ -45,6 +54,7 @@ def bench_command(
     warmup: int | None,
     quick: bool,
     estimators: tuple[str, ...],
+    widths: tuple[int, ...],
 ) -> None:
     """Measure: estimators, training steps, inference and peer libraries, after warm-up and compilation.
 
@@ -63,7 +73,9 @@ def bench_command(
     def on_event(event: Mapping[str, Any]) -> None:
         console.print(Text(f"running the {event['suite']} suite ..."))
 
-    report = run_bench(suites, out_dir=out, settings=settings, estimators=estimators or None, on_event=on_event)
+    report = run_bench(
+        suites, out_dir=out, settings=settings, estimators=estimators or None, on_event=on_event, widths=widths or None
+    )
     for name, suite in report["suites"].items():
         if suite["status"] != "ok":
             console.print(Text(f"{name}: {suite['status']}: {suite['note']}"))

@@ -51,9 +51,14 @@ from flax import nnx
 
 from stejax.flax._quant import Calibration, Quant, as_quant, calibrated_scale
 
-__all__ = ["KINDS", "Rule", "SiteRow", "Summary", "calibrate", "quantize_model", "summary"]
+__all__ = ["KINDS", "PRODUCTS", "Rule", "SiteRow", "Summary", "calibrate", "quantize_model", "summary"]
 
 KINDS = ("linear", "conv", "einsum", "embed", "attention", "dot")
+# How a matched site multiplies: a float product of the quantised operands (fake-quant), or
+# stejax.integer_dot_general with its straight-through gradient in float ("int8-forward") or its
+# declared int8 backward products ("int8").
+PRODUCTS = ("fake-quant", "int8-forward", "int8")
+GRADIENT_ROUNDINGS = ("nearest", "stochastic")
 CALIBRATION_METHODS = ("absmax", "percentile", "mse")
 
 QuantSpec = Quant | str | Callable[..., Any] | None
@@ -82,6 +87,22 @@ class Rule:
         callable, or None (float).
       inputs: the input quantiser, likewise; at attention and dot sites it
         quantises both operands (each with its own learned arguments).
+      product: how the site multiplies. ``"fake-quant"`` (default): the
+        layer's own float product of the quantised operands. ``"int8-forward"``:
+        :func:`stejax.integer_dot_general` with ``backward="float"``, the forward
+        on int8 codes (absmax scales: one per token of the input, one per
+        output channel of the weights, taken after the operand quantisers,
+        which it represents exactly when they are 8-bit absmax grids of that
+        granularity or ternary), the straight-through gradient in float.
+        ``"int8"``: the same forward and both backward products as int8 x int8
+        -> int32 with the cotangent quantised (``backward="int8"``). A
+        ``None`` quantiser under an integer product means the product's own
+        int8 quantisation. Integer products cover products written with
+        ``dot_general`` or ``einsum`` (``nnx.Linear``, ``nnx.LinearGeneral``,
+        ``nnx.Einsum``, ``jnp.einsum``, ``jax.lax.dot_general``).
+      gradient_rounding: the cotangent's rounding under ``product="int8"``:
+        ``"nearest"`` (default) or ``"stochastic"`` (draws from the
+        ``quant`` stream of ``quantize_model``'s ``rngs``).
 
     Example:
       >>> from stejax.flax import Quant, Rule
@@ -93,6 +114,8 @@ class Rule:
     kinds: tuple[str, ...] | None
     weights: Quant | None
     inputs: Quant | None
+    product: str
+    gradient_rounding: str
 
     def __init__(
         self,
@@ -101,6 +124,8 @@ class Rule:
         kinds: Iterable[str] | None = None,
         weights: QuantSpec = None,
         inputs: QuantSpec = None,
+        product: str = "fake-quant",
+        gradient_rounding: str = "nearest",
     ):
         if not isinstance(path, str):
             raise TypeError(f"Rule: path must be a regular expression (str); got {path!r}.")
@@ -119,6 +144,20 @@ class Rule:
         object.__setattr__(self, "kinds", kinds)
         object.__setattr__(self, "weights", as_quant(weights, where=f"Rule({path!r}): weights"))
         object.__setattr__(self, "inputs", as_quant(inputs, where=f"Rule({path!r}): inputs"))
+        if product not in PRODUCTS:
+            raise ValueError(f"Rule({path!r}): product must be one of {list(PRODUCTS)}; got {product!r}.")
+        if gradient_rounding not in GRADIENT_ROUNDINGS:
+            raise ValueError(
+                f"Rule({path!r}): gradient_rounding must be one of {list(GRADIENT_ROUNDINGS)}; "
+                f"got {gradient_rounding!r}."
+            )
+        if gradient_rounding != "nearest" and product != "int8":
+            raise ValueError(
+                f"Rule({path!r}): gradient_rounding={gradient_rounding!r} rounds the int8 cotangent of product='int8'; "
+                f"got product={product!r}."
+            )
+        object.__setattr__(self, "product", product)
+        object.__setattr__(self, "gradient_rounding", gradient_rounding)
 
     def matches(self, path: str, kind: str) -> bool:
         """Whether this rule covers the site at ``path`` of ``kind``."""
@@ -129,6 +168,10 @@ class Rule:
         if self.kinds is not None:
             parts.append(f"kinds={self.kinds!r}")
         parts += [f"weights={self.weights!r}", f"inputs={self.inputs!r}"]
+        if self.product != "fake-quant":
+            parts.append(f"product={self.product!r}")
+        if self.gradient_rounding != "nearest":
+            parts.append(f"gradient_rounding={self.gradient_rounding!r}")
         return f"Rule({', '.join(parts)})"
 
 
@@ -316,14 +359,28 @@ def _intercepted(op: str, original: Callable[..., Any]) -> Callable[..., Any]:
                 return original(*args, **kwargs)  # an einsum of one or of three operands: not a site
             subscripts = args[0]
             axes = _einsum_contraction(subscripts, jnp.ndim(args[1]), jnp.ndim(args[2]))
-            return _product(frame, args[1], args[2], axes, lambda a, b: original(subscripts, a, b, **kwargs))
+            return _product(
+                frame,
+                args[1],
+                args[2],
+                axes,
+                lambda a, b: original(subscripts, a, b, **kwargs),
+                integer=functools.partial(_integer_einsum, subscripts),
+            )
         lhs, rhs = args[0], args[1]
         if op == "dot_general":
             dims = args[2] if len(args) > 2 else kwargs["dimension_numbers"]
             rest = args[3:]
             kw = {k: v for k, v in kwargs.items() if k != "dimension_numbers"}
             axes = (tuple(dims[0][0]), tuple(dims[0][1]))
-            return _product(frame, lhs, rhs, axes, lambda a, b: original(a, b, dims, *rest, **kw))
+            return _product(
+                frame,
+                lhs,
+                rhs,
+                axes,
+                lambda a, b: original(a, b, dims, *rest, **kw),
+                integer=functools.partial(_integer_dot_general, dims),
+            )
         ndim_l, ndim_r = jnp.ndim(lhs), jnp.ndim(rhs)
         axes = ((ndim_l - 1,) if ndim_l else (), ((ndim_r - 2) if ndim_r >= 2 else 0,) if ndim_r else ())
         return _product(frame, lhs, rhs, axes, lambda a, b: original(a, b, *args[2:], **kwargs))
@@ -402,11 +459,26 @@ class _LayerProduct:
         if self.op == "einsum":
             subscripts, lhs, rhs, rest = args[0], args[1], args[2], args[3:]
             axes = _einsum_contraction(subscripts, lhs.ndim, rhs.ndim)
-            return _product(frame, lhs, rhs, axes, lambda a, b: self.original(subscripts, a, b, *rest, **kwargs))
+            return _product(
+                frame,
+                lhs,
+                rhs,
+                axes,
+                lambda a, b: self.original(subscripts, a, b, *rest, **kwargs),
+                integer=functools.partial(_integer_einsum, subscripts),
+            )
         lhs, rhs, rest = args[0], args[1], args[2:]
         if self.op == "dot_general":
             dims = rest[0] if rest else kwargs["dimension_numbers"]
             axes = (tuple(dims[0][0]), tuple(dims[0][1]))
+            return _product(
+                frame,
+                lhs,
+                rhs,
+                axes,
+                lambda a, b: self.original(a, b, *rest, **kwargs),
+                integer=functools.partial(_integer_dot_general, dims),
+            )
         else:
             spec = jax.lax.conv_dimension_numbers(lhs.shape, rhs.shape, kwargs.get("dimension_numbers"))
             axes = ((spec.lhs_spec[1],), (spec.rhs_spec[1],))
@@ -422,7 +494,26 @@ class _Record(NamedTuple):
     weight: tuple[bool, ...]  # which operands are parameters of the module
 
 
-def _product(frame: _Frame, lhs: Any, rhs: Any, axes: tuple, call: Callable[[Any, Any], Any]) -> Any:
+def _integer_dot_general(dims: Any, a: Any, b: Any, **options: Any) -> Any:
+    from stejax.estimators.products import integer_dot_general
+
+    return integer_dot_general(a, b, dims, **options)
+
+
+def _integer_einsum(subscripts: str, a: Any, b: Any, **options: Any) -> Any:
+    from stejax.estimators.products import integer_einsum
+
+    return integer_einsum(subscripts, a, b, **options)
+
+
+def _product(
+    frame: _Frame,
+    lhs: Any,
+    rhs: Any,
+    axes: tuple,
+    call: Callable[[Any, Any], Any],
+    integer: Callable[..., Any] | None = None,
+) -> Any:
     index = frame.count
     frame.count += 1
     recorder = _RECORDER.get()
@@ -438,9 +529,24 @@ def _product(frame: _Frame, lhs: Any, rhs: Any, axes: tuple, call: Callable[[Any
     token = _IN_HOOK.set(True)
     try:
         a, b = site.quantise(0, lhs), site.quantise(1, rhs)
+        if site.product == "fake-quant" or _COLLECTOR.get() is not None:
+            return call(a, b)
+        if integer is None:
+            raise ValueError(
+                f"stejax.flax: the site {site.row.path!r} ({site.row.kind}) has product={site.product!r}: integer "
+                "products cover products written with dot_general or einsum (nnx.Linear, nnx.LinearGeneral, "
+                "nnx.Einsum, jnp.einsum, jax.lax.dot_general); this one is not. Give it product='fake-quant'."
+            )
+        stochastic = site.gradient_rounding == "stochastic"
+        return integer(
+            a,
+            b,
+            backward="int8" if site.product == "int8" else "float",
+            rounding=site.gradient_rounding,
+            key=cast(Any, site.quant_rngs)() if stochastic else None,
+        )
     finally:
         _IN_HOOK.reset(token)
-    return call(a, b)
 
 
 def _site_of(module: Any, index: int) -> _Site | None:
@@ -469,9 +575,19 @@ class _Operand(NamedTuple):
 class _Site(nnx.Module):
     """One quantised product: its two operands' quantisers and their learned (or calibrated) arguments."""
 
-    def __init__(self, row: SiteRow, operands: tuple[_Operand, ...], examples: tuple[Any, ...], rngs: Any):
+    def __init__(
+        self,
+        row: SiteRow,
+        operands: tuple[_Operand, ...],
+        examples: tuple[Any, ...],
+        rngs: Any,
+        product: str = "fake-quant",
+        gradient_rounding: str = "nearest",
+    ):
         self.row = nnx.static(row)
         self.operands = nnx.static(operands)
+        self.product = nnx.static(product)
+        self.gradient_rounding = nnx.static(gradient_rounding)
         for op, example in zip(operands, examples, strict=True):
             if op.quant is None:
                 continue
@@ -718,20 +834,33 @@ def quantize_model(
             operand_shapes = tuple(tuple(np.shape(x)) for x in r.operands if x is not None)
             w = next((op.quant for op in operands if op.role == "weights"), None)
             a = next((op.quant for op in operands if op.role == "activations"), None)
+            product = "fake-quant" if site_rule is None else site_rule.product
+            integer = product != "fake-quant"
+            if integer and r.kind in ("conv", "embed"):
+                raise ValueError(
+                    f"quantize_model: rule {index} ({cast(Rule, site_rule).path!r}) at {site_path!r}: "
+                    f"product={product!r} covers products written with dot_general or einsum; a {r.kind} site "
+                    "is not one. Restrict the rule's kinds (e.g. kinds=('linear',)) or use product='fake-quant'."
+                )
             row = SiteRow(
                 site_path,
                 r.kind,
                 index,
-                None if w is None else repr(w),
-                None if a is None else repr(a),
+                repr(w) if w is not None else ("int8 per channel (product)" if integer else None),
+                repr(a) if a is not None else ("int8 per token (product)" if integer else None),
                 operand_shapes,
-                f"w{_bits(w)}a{_bits(a)}",
-                "" if index is not None else "no rule matched",
+                f"w{_bits(w, integer)}a{_bits(a, integer)}",
+                ("" if index is not None else "no rule matched")
+                + {"int8": "int8 products forward and backward", "int8-forward": "int8 forward product"}.get(
+                    product, ""
+                ),
             )
             rows.append(row)
-            if w is None and a is None:
+            if w is None and a is None and not integer:
                 continue
             random = [op.quant.name for op in operands if op.quant is not None and op.quant.random]
+            if site_rule is not None and site_rule.gradient_rounding == "stochastic":
+                random.append("stochastic rounding of the cotangent")
             site_rngs = None
             if random:
                 if rngs is None or "quant" not in rngs:
@@ -740,7 +869,14 @@ def quantize_model(
                         f"{random[0]} draws random numbers; pass rngs=nnx.Rngs(quant=...) with a 'quant' stream."
                     )
                 site_rngs = rngs["quant"].fork()
-            sites[r.position] = _Site(row, operands, r.operands, site_rngs)
+            sites[r.position] = _Site(
+                row,
+                operands,
+                r.operands,
+                site_rngs,
+                product,
+                "nearest" if site_rule is None else site_rule.gradient_rounding,
+            )
         if sites:
             if hasattr(module, "stejax_quant"):
                 raise ValueError(f"quantize_model: the module at {path!r} already has an attribute stejax_quant.")
@@ -802,15 +938,15 @@ def _operands(record: _Record, rule: Rule | None, *, rules_index: int | None, pa
     return tuple(out)
 
 
-def _bits(quant: Quant | None) -> str:
+def _bits(quant: Quant | None, integer: bool = False) -> str:
     if quant is None:
-        return "32"
+        return "8" if integer else "32"
     bits = quant.params.get("bits")
     if bits is not None:
         return str(bits)
     if quant.name in ("sign_ste", "approx_sign", "swish_sign", "magnitude_aware_sign", "heaviside"):
         return "1"
-    if quant.name == "ternary":
+    if quant.name in ("ternary", "absmean_ternary"):
         return "1.58"
     return "?"
 

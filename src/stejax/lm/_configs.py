@@ -21,7 +21,21 @@ from flax import nnx
 
 from stejax.lm._quantisers import LLAMACPP_BLOCKS, activation_quantiser, weight_quantiser
 
-__all__ = ["CONFIGS", "SITES", "LMQuant", "quantised_paths", "quantize_lm", "rules_for"]
+__all__ = [
+    "CONFIGS",
+    "INTEGER_CONFIGS",
+    "PRODUCTS",
+    "SITES",
+    "LMQuant",
+    "lm_quant",
+    "quantised_paths",
+    "quantize_lm",
+    "rules_for",
+]
+
+# How the quantised linears multiply (stejax.flax.Rule's product): fake-quant float products (default),
+# the int8 forward product with a float straight-through gradient, or int8 products forward and backward.
+PRODUCTS = ("fake-quant", "int8-forward", "int8")
 
 # The linear layers that are quantised: every nnx.Linear under blocks/ (never the head).
 SITES = r"blocks/\d+/(attn/(q|k|v|o)|mlp/(gate|up|down))"
@@ -43,6 +57,12 @@ class LMQuant:
         block of that many input values, as llama.cpp quantises a quantised
         product's input (Q8_0, the input of Q8_0 and Q4_0 weights; Q8_K, of TQ1_0
         and TQ2_0). 8-bit inputs only. See :meth:`with_input_block`.
+      product: how the block linears multiply: ``"fake-quant"`` (float products
+        of the fake-quantised operands), ``"int8-forward"`` (int8 x int8 -> int32
+        forward products, float straight-through gradient) or ``"int8"`` (the
+        forward and both backward products in int8, the cotangent quantised
+        per row and per column: :func:`stejax.integer_dot_general`). See
+        :meth:`with_product`.
     """
 
     name: str
@@ -52,8 +72,21 @@ class LMQuant:
     ste: bool
     description: str
     input_block: int | None = None
+    product: str = "fake-quant"
 
     def __post_init__(self) -> None:
+        if self.product not in PRODUCTS:
+            raise ValueError(f"LMQuant {self.name!r}: product must be one of {list(PRODUCTS)}; got {self.product!r}.")
+        if self.product != "fake-quant":
+            integer_grid = self.weight_bits in (8, 1.58) and self.input_bits == 8 and self.group is None
+            if not integer_grid or self.input_block is not None or not self.ste:
+                raise ValueError(
+                    f"LMQuant {self.name!r}: integer products take int8 per-channel or ternary weights and int8 "
+                    "per-token inputs with straight-through gradients (w8a8, w1.58a8); the configuration has "
+                    f"{self.weight_bits}-bit weights (group {self.group}), {self.input_bits}-bit inputs"
+                    f"{'' if self.input_block is None else f' per block of {self.input_block}'}"
+                    f"{'' if self.ste else ', no STE'}."
+                )
         if self.input_block is not None:
             if self.input_block not in LLAMACPP_BLOCKS:
                 raise ValueError(
@@ -92,6 +125,33 @@ class LMQuant:
                 description += f"; int8 activations per block of {block} (llama.cpp {kind})"
         return dataclasses.replace(self, input_block=block, description=description)
 
+    def with_product(self, product: str) -> LMQuant:
+        """This configuration with its block linears multiplied as ``product`` says (one of :data:`PRODUCTS`).
+
+        The integer products take w8a8's and w1.58a8's grids exactly: the
+        forward product's own absmax int8 codes (one scale per token, one per
+        output channel) are those of the configuration's quantisers (8-bit
+        absmax), or represent them exactly (ternary weights are codes -127, 0,
+        127 of one scale per channel).
+
+        Raises:
+          ValueError: an unknown product, or a configuration whose grids an int8 product cannot take.
+
+        Example:
+          >>> CONFIGS["w8a8"].with_product("int8").product
+          'int8'
+        """
+        if product == self.product:
+            return self
+        description = CONFIGS[self.name].description if self.name in CONFIGS else self.description
+        if product != "fake-quant":
+            description += (
+                "; int8 x int8 -> int32 products forward and backward"
+                if product == "int8"
+                else "; int8 x int8 -> int32 forward products, float straight-through gradient"
+            )
+        return dataclasses.replace(self, product=product, description=description)
+
     def quantisers(self) -> tuple[Callable[[jax.Array], jax.Array] | None, Callable[[jax.Array], jax.Array] | None]:
         """(weight quantiser, input quantiser), each None for float."""
         w = None if self.weight_bits is None else weight_quantiser(self.weight_bits, group=self.group, ste=self.ste)
@@ -126,6 +186,26 @@ CONFIGS: dict[str, LMQuant] = {
 }
 
 
+# Integer-product variants of the configurations whose grids an int8 product takes exactly.
+INTEGER_CONFIGS: dict[str, LMQuant] = {
+    f"{name}_int8": dataclasses.replace(CONFIGS[name].with_product("int8"), name=f"{name}_int8")
+    for name in ("w8a8", "w1.58a8")
+}
+
+
+def lm_quant(name: str, *, product: str | None = None) -> LMQuant:
+    """The configuration named ``name`` (:data:`CONFIGS` or :data:`INTEGER_CONFIGS`), with ``product`` if given.
+
+    Raises:
+      KeyError: an unknown name (the message lists the names).
+      ValueError: a product the configuration cannot take.
+    """
+    config = CONFIGS.get(name) or INTEGER_CONFIGS.get(name)
+    if config is None:
+        raise KeyError(f"unknown LM configuration {name!r}; expected one of {', '.join([*CONFIGS, *INTEGER_CONFIGS])}.")
+    return config if product is None else config.with_product(product)
+
+
 def quantised_paths(model: nnx.Module) -> tuple[str, ...]:
     """The paths (``blocks/0/attn/q``) of the linear layers a configuration quantises."""
     names = (
@@ -144,6 +224,12 @@ def rules_for(config: LMQuant, *, weights: bool = True) -> list[Any]:
 
     w, a = config.quantisers()
     w = w if weights else None
+    if config.product != "fake-quant":
+        # The integer product quantises each operand itself, to the same absmax int8 grid as the 8-bit
+        # quantisers (one scale per token, one per output channel): they would only be computed twice.
+        a = None
+        w = None if config.weight_bits == 8 else w
+        return [Rule(SITES, kinds=("linear",), weights=w, inputs=a, product=config.product)]
     if w is None and a is None:
         return []
     return [Rule(SITES, kinds=("linear",), weights=w, inputs=a)]
@@ -163,9 +249,7 @@ def quantize_lm(model: nnx.Module, config: LMQuant | str, *, weights: bool = Tru
     from stejax.flax import quantize_model
 
     if isinstance(config, str):
-        if config not in CONFIGS:
-            raise KeyError(f"unknown LM configuration {config!r}; expected one of {', '.join(CONFIGS)}.")
-        config = CONFIGS[config]
+        config = lm_quant(config)
     rules = rules_for(config, weights=weights)
     if not rules:
         return model
