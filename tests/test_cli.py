@@ -149,7 +149,10 @@ def test_list_shows_every_estimator(runner):
 def test_list_family_shows_only_that_family(runner, family):
     result = runner.invoke(main, ["list", "--family", family])
     assert result.exit_code == 0, result.output
-    first_cells = re.findall(r"^│ (\S+) +│", result.output, flags=re.MULTILINE)
+    first_words = [line.split()[0] for line in result.output.splitlines()]  # one line per estimator
+    assert first_words == [e.name for e in CATALOG.family(family)]
+    long = runner.invoke(main, ["list", "--long", "--family", family])
+    first_cells = re.findall(r"^│ (\S+) +│", long.output, flags=re.MULTILINE)
     assert first_cells == [e.name for e in CATALOG.family(family)]
 
 

@@ -29,8 +29,9 @@ def test_show_prints_the_summary_as_plain_text(tmp_path):
     assert "Ternarise weights to {-γ, 0, +γ}, BitNet b1.58's absmean quantiser." in result.output, result.output
 
 
-def test_list_prints_plain_text_for_every_estimator():
-    result = CliRunner().invoke(main, ["list"], terminal_width=400)
+@pytest.mark.parametrize("form", [[], ["--long"]])
+def test_list_prints_plain_text_for_every_estimator(form):
+    result = CliRunner().invoke(main, ["list", *form], terminal_width=400)
     assert result.exit_code == 0, result.output
     assert "\\" not in result.output
     for name in CATALOG:

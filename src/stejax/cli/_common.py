@@ -26,8 +26,10 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def directory(*, exists: bool = False) -> click.Path:
-    """A directory path (``exists``: it must exist), given to the command as a ``Path``."""
-    return click.Path(exists=exists, file_okay=False, path_type=Path)
+    """A directory path (``exists``: it must exist), given to the command as a ``Path``; shown as ``DIR``."""
+    path = click.Path(exists=exists, file_okay=False, path_type=Path)
+    path.name = "dir"  # click's own metavar for a directory is DIRECTORY; every command says DIR
+    return path
 
 
 def existing_file() -> click.Path:
@@ -106,9 +108,9 @@ def repeats_option(help: str, *, default: int | None) -> Callable[[F], F]:
 
 
 def warmup_option(help: str, *, default: int | None) -> Callable[[F], F]:
-    """``--warmup N``: untimed calls before the timed rounds."""
+    """``--warmup N``: untimed calls before the timed rounds, at least one (the first call compiles)."""
     return click.option(
-        "--warmup", type=click.IntRange(min=0), default=default, show_default=default is not None, help=help
+        "--warmup", type=click.IntRange(min=1), default=default, show_default=default is not None, help=help
     )
 
 

@@ -101,7 +101,7 @@ def _split_dtypes(text: str | None) -> tuple[str, ...] | None:
     return None if text is None else tuple(d.strip() for d in text.split(",") if d.strip())
 
 
-@click.command("export", short_help="Export a trained run to an integer artifact (or an ONNX file), checked.")
+@click.command("export", short_help="Export a run to an integer artifact or an ONNX file, checked.")
 @click.argument("run_dir", metavar="RUN_OR_ARTIFACT", type=directory(exists=True))
 @click.argument("out", metavar="OUT", required=False, type=click.Path(path_type=Path))
 @deprecated_option("--out", "out", required=True, type=directory())
@@ -238,10 +238,16 @@ def _export_onnx(
 
 @click.group("artifact", short_help="Verify and sign artifacts; promote and roll back in a registry.")
 def artifact_group() -> None:
-    """Verify artifacts and manage a local registry (promote, rollback, current, list)."""
+    """Verify and sign artifacts, and keep a local registry of promoted ones.
+
+    `verify` and `sign` take an artifact directory; `keygen` makes a key pair
+    to try signing with. `promote`, `rollback`, `current` and `list` work on a
+    registry (--registry DIR); `trust add`, `trust remove` and `trust list`
+    manage its trusted keys.
+    """
 
 
-@artifact_group.command("verify")
+@artifact_group.command("verify", short_help="Check ARTIFACT's hashes, headers, contract and signature.")
 @artifact_dir_argument()
 @click.option(
     "--public-key",
@@ -289,7 +295,7 @@ def artifact_verify(artifact_dir: Path, public_keys: tuple[Path, ...], roots: tu
         console.print(Text("signature: none (unsigned)"))
 
 
-@artifact_group.command("sign")
+@artifact_group.command("sign", short_help="Sign every file of ARTIFACT (writes ARTIFACT/model.sig).")
 @artifact_dir_argument(exists=True)
 @click.option(
     "--key",
@@ -344,7 +350,7 @@ def artifact_sign(
     Console().print(Text(f"signed: {path}"))
 
 
-@artifact_group.command("keygen")
+@artifact_group.command("keygen", short_help="Make a key pair to try signing (private.pem, public.pem).")
 @out_dir_option("The directory to write the two PEM files to.")
 @click.option(
     "--curve",
@@ -363,12 +369,12 @@ def artifact_keygen(out: Path, curve: str) -> None:
     console.print(Text(f"public key:  {public} ({public_key(public).short})"))
 
 
-@artifact_group.group("trust")
+@artifact_group.group("trust", short_help="Trust public keys; a registry with one checks signatures.")
 def artifact_trust() -> None:
     """The registry's trusted keys: once it has one, it accepts only artifacts they signed."""
 
 
-@artifact_trust.command("add")
+@artifact_trust.command("add", short_help="Trust a PEM public key.")
 @click.argument("public_key_file", type=existing_file())
 @registry_option()
 def artifact_trust_add(public_key_file: Path, registry_dir: Path) -> None:
@@ -379,7 +385,7 @@ def artifact_trust_add(public_key_file: Path, registry_dir: Path) -> None:
     Console().print(Text(f"trusted: {key.short} ({key.curve}), stored as {key.path}"))
 
 
-@artifact_trust.command("remove")
+@artifact_trust.command("remove", short_help="Stop trusting a key; what it signed stops being eligible.")
 @click.argument("key")
 @registry_option()
 def artifact_trust_remove(key: str, registry_dir: Path) -> None:
@@ -390,7 +396,7 @@ def artifact_trust_remove(key: str, registry_dir: Path) -> None:
     Console().print(Text(f"no longer trusted: {removed.short}"))
 
 
-@artifact_trust.command("list")
+@artifact_trust.command("list", short_help="List the trusted keys.")
 @registry_option()
 def artifact_trust_list(registry_dir: Path) -> None:
     """List the trusted keys (none: the registry does not check signatures)."""
@@ -408,7 +414,7 @@ def artifact_trust_list(registry_dir: Path) -> None:
     Console().print(table)
 
 
-@artifact_group.command("promote")
+@artifact_group.command("promote", short_help="Gate ARTIFACT and make it the registry's current artifact.")
 @artifact_dir_argument()
 @registry_option()
 @_dtypes_option
@@ -432,7 +438,7 @@ def artifact_promote(artifact_dir: Path, registry_dir: Path, estimator_dtypes: s
     console.print(Text(f"current: {promotion.artifact.id} (previous: {previous})"))
 
 
-@artifact_group.command("rollback")
+@artifact_group.command("rollback", short_help="Make the previous artifact current again.")
 @registry_option()
 def artifact_rollback(registry_dir: Path) -> None:
     """Make the previous verified artifact current again (nothing is deleted)."""
@@ -442,7 +448,7 @@ def artifact_rollback(registry_dir: Path) -> None:
     Console().print(Text(f"current: {artifact.id} (rolled back)"))
 
 
-@artifact_group.command("current")
+@artifact_group.command("current", short_help="Print the current artifact's id and directory.")
 @registry_option()
 def artifact_current(registry_dir: Path) -> None:
     """Print the current artifact's id and directory (verified on the way)."""
@@ -455,7 +461,7 @@ def artifact_current(registry_dir: Path) -> None:
     Console().print(Text(f"{artifact.id} {artifact.path}"))
 
 
-@artifact_group.command("list")
+@artifact_group.command("list", short_help="List the registry's artifacts and their status.")
 @registry_option()
 def artifact_list(registry_dir: Path) -> None:
     """List the registry's artifacts: id, status, when promoted, preset, parent.
@@ -485,12 +491,12 @@ def artifact_list(registry_dir: Path) -> None:
         Console().print(Text(f"note: {torn}"))
 
 
-@click.group("regress")
+@click.group("regress", short_help="Record and check an artifact's regression set.")
 def regress_group() -> None:
     """Record and check an artifact's regression set."""
 
 
-@regress_group.command("record")
+@regress_group.command("record", short_help="Store ARTIFACT's regression set: fixed inputs and outputs.")
 @artifact_dir_argument()
 def regress_record(artifact_dir: Path) -> None:
     """Store ARTIFACT/regression: fixed inputs (a batch, one example, zeros, ties, a bad shape) and outputs."""
@@ -500,7 +506,7 @@ def regress_record(artifact_dir: Path) -> None:
     Console().print(Text(f"regression set written to {path.resolve()}"))
 
 
-@regress_group.command("check")
+@regress_group.command("check", short_help="Recompute ARTIFACT's regression set and compare it.")
 @artifact_dir_argument()
 def regress_check(artifact_dir: Path) -> None:
     """Recompute ARTIFACT's regression set and compare at the stated per-dtype tolerances."""

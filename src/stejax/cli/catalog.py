@@ -22,14 +22,18 @@ __all__ = ["list_command", "show", "verify_command"]
 
 @click.command("list")
 @click.option("--family", type=click.Choice(FAMILIES), default=None, help="Only the estimators of this family.")
+@click.option(
+    "--long", "long_", is_flag=True, help="A table with each one's forward, surrogate derivative and reference."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (plain text and LaTeX, parameters, arrays) instead.")
-def list_command(family: str | None, as_json: bool) -> None:
-    """List the estimators with their math and paper.
+def list_command(family: str | None, long_: bool, as_json: bool) -> None:
+    """List the estimators, one line each.
 
-    One row per estimator: name, family, forward function, surrogate
-    derivative (both in a plain-text reading of the LaTeX) and reference.
-    With --json, a JSON array with the same and the LaTeX, the parameters
-    and the extra positional arrays.
+    One line per estimator: name, family and what it does. With --long, a
+    table of each one's forward function, surrogate derivative (both in a
+    plain-text reading of the LaTeX) and reference; with --json, a JSON array
+    with the same and the LaTeX, the parameters and the extra positional
+    arrays. `stejax show NAME` describes one estimator and plots it.
     """
     entries = [e for e in CATALOG.values() if family is None or e.family == family]
     if as_json:
@@ -37,7 +41,25 @@ def list_command(family: str | None, as_json: bool) -> None:
 
         click.echo(json.dumps([_entry_record(e) for e in entries], indent=2))
         return
-    Console().print(_catalog_table(entries))
+    console = Console()
+    if long_:
+        console.print(_catalog_table(entries))
+    else:
+        click.echo(_catalog_lines(entries, console.width))
+
+
+def _catalog_lines(entries: Iterable[Entry], width: int) -> str:
+    """One line per estimator: name, family and its docstring's first sentence, cut to ``width`` columns."""
+    entries = list(entries)
+    names = max((len(e.name) for e in entries), default=4)
+    families = max((len(e.family) for e in entries), default=6)
+    lines = []
+    for e in entries:
+        summary = plain_roles(first_paragraph(e.fn))
+        first = summary.split(". ")[0].rstrip(".") + "." if summary else ""
+        line = f"{e.name:<{names}}  {e.family:<{families}}  {first}"
+        lines.append(line if len(line) <= width else line[: max(width - 1, names)] + "…")
+    return "\n".join(lines)
 
 
 def _entry_record(entry: Entry) -> dict[str, Any]:

@@ -34,7 +34,7 @@ def lm_group() -> None:
     """A quantised byte-level transformer LM: w8a8 down to BitNet b1.58 ternary."""
 
 
-@lm_group.command("train")
+@lm_group.command("train", short_help="Train the LM (float, or a quantised configuration).")
 @out_dir_option("The run directory to write.")
 @click.option(
     "--preset",
@@ -48,11 +48,13 @@ def lm_group() -> None:
 @deprecated_option("--config", "config_name", type=click.Choice(_CONFIG_NAMES))
 @click.option(
     "--input-block",
-    type=click.Choice(["32", "256"]),
-    default=None,
-    help="Quantise each linear's int8 input per block of this many values, as llama.cpp does: 32 (Q8_0) for "
-    "a model exported with Q8_0 or Q4_0 weights, 256 (Q8_K) for TQ2_0 or TQ1_0; llama.cpp then quantises "
-    "the inputs as the model does. Default: one scale per token.",
+    type=click.Choice(["auto", "32", "256", "token"]),
+    default="auto",
+    show_default=True,
+    help="How each quantised linear's int8 input is scaled: one scale per block of 32 values (llama.cpp's Q8_0, "
+    "the inputs of Q8_0 and Q4_0 weights), per block of 256 (Q8_K, of TQ2_0 and TQ1_0 weights) or per token. "
+    "auto: the block llama.cpp uses for this architecture's GGUF export, so that llama.cpp computes what the "
+    "model computes; per token where the model has no GGUF form.",
 )
 @click.option(
     "--from",
@@ -98,7 +100,7 @@ def lm_group() -> None:
 def train_command(
     out: Path,
     config_name: str,
-    input_block: str | None,
+    input_block: str,
     from_run: Path | None,
     steps: int,
     batch_size: int,
@@ -134,10 +136,6 @@ def train_command(
         train_lm,
     )
 
-    try:
-        config = CONFIGS[config_name].with_input_block(None if input_block is None else int(input_block))
-    except ValueError as e:
-        raise click.BadParameter(str(e), param_hint="--input-block") from None
     if from_run is not None:
         model_config = LMConfig(**json.loads((from_run / "config.json").read_text())["model"])
     else:
@@ -145,6 +143,7 @@ def train_command(
             model_config = LMConfig(context=context, width=width, depth=depth, heads=heads, hidden=hidden, norms=norms)
         except ValueError as e:
             raise click.BadParameter(str(e)) from None
+    config, gguf_notes = _with_input_block(CONFIGS[config_name], input_block, model_config)
     data = build_corpus(corpus)
     k_init, k_train = keys.split(jax.random.key(seed), where="stejax lm train")
     init_seed = int(jax.random.randint(keys.consume(k_init, where="init seed"), (), 0, 2**31 - 1))
@@ -184,6 +183,8 @@ def train_command(
             f"parameters, {steps} steps) on {data.source}"
         )
     )
+    for note in gguf_notes:
+        console.print(Text(f"note: {note}"))
     with progress_bar(console) as progress:
         task = progress.add_task(config_name, total=steps)
 
@@ -209,9 +210,62 @@ def train_command(
     console.print(Text(f"test {test_bpb:.4f} bits per byte; step {result.step_ms_median:.1f} ms (median); wrote {out}"))
 
 
-@lm_group.command("compare")
+def _with_input_block(config: Any, choice: str, model: Any) -> tuple[Any, list[str]]:
+    """``config`` with the input block ``--input-block`` names, checked against the architecture ``model``.
+
+    Returns the configuration and what the run's output says about its GGUF export: nothing when
+    llama.cpp will quantise every product's input as the model does, else how it differs and how to match.
+    """
+    from stejax.lm._gguf import GGUFError, check_input_block, llamacpp_input_blocks
+
+    try:
+        blocks, no_gguf = llamacpp_input_blocks(model, config), ""
+    except GGUFError as e:
+        blocks, no_gguf = (), str(e)
+    if choice == "auto":
+        # Two blocks: ternary tensors whose rows are multiples of 256 (TQ2_0) and others (Q4_0); with 32,
+        # an export with --ternary Q4_0 matches every one. Integer products scale their inputs per token.
+        blockwise = blocks and config.input_bits == 8 and getattr(config, "product", "fake-quant") == "fake-quant"
+        block = (blocks[0] if len(blocks) == 1 else 32) if blockwise else None
+    else:
+        block = None if choice == "token" else int(choice)
+    try:
+        check_input_block(model, block)
+        config = config.with_input_block(block)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--input-block") from None
+    if config.input_bits is None:
+        return config, []
+    if no_gguf:
+        return config, [f"no GGUF export for llama.cpp: {no_gguf}"]
+    ours = "one scale per token" if block is None else f"blocks of {block}"
+    if len(blocks) == 2 and block == 32:
+        return config, [
+            "`stejax lm export --format gguf` writes ternary tensors whose rows are multiples of 256 as TQ2_0, "
+            "whose inputs llama.cpp quantises per block of 256, not 32; export with --ternary Q4_0 for a file "
+            "that computes exactly what this model computes."
+        ]
+    if blocks != (block,):
+        theirs = " and ".join(map(str, blocks))
+        how = "train with --input-block auto" + (" and export with --ternary Q4_0" if len(blocks) == 2 else "")
+        if getattr(config, "product", "fake-quant") != "fake-quant":  # integer products scale per token
+            how += " and fake-quant products"
+        return config, [
+            f"a GGUF export of this run will not match llama.cpp exactly: llama.cpp quantises the quantised "
+            f"products' inputs per block of {theirs}, and this run uses {ours}; to match, {how}."
+        ]
+    return config, []
+
+
+@lm_group.command("compare", short_help="Train and compare float and every quantised configuration.")
 @out_dir_option("Folder for the report.")
-@click.option("--quick", is_flag=True, default=False, help="The smoke-test tier (a few minutes on 2 cores).")
+@click.option(
+    "--quick",
+    is_flag=True,
+    default=False,
+    help="The quick tier: 1 seed, 250 float steps and 150 fine-tuning steps, 16 KiB of the test split scored "
+    "(the full tier: 3 seeds, 600 + 200 steps, 128 KiB).",
+)
 @seeds_option("Seeds 0..N-1 (quick: 1, full: 3).")
 @click.option("--steps", type=click.IntRange(min=1), default=None, help="Float pre-training steps.")
 @click.option("--finetune-steps", type=click.IntRange(min=1), default=None, help="QAT fine-tuning steps.")
@@ -316,7 +370,7 @@ def compare_command(
     console.print(Text(f"wrote {out / 'report.json'} and {out / 'report.md'}"))
 
 
-@lm_group.command("export")
+@lm_group.command("export", short_help="Export a run as an LM artifact or a GGUF file for llama.cpp.")
 @click.argument("run", metavar="RUN_OR_ARTIFACT", type=directory(exists=True))
 @click.argument("out", metavar="OUT", required=False, type=click.Path(path_type=Path))
 @deprecated_option("--out", "out", required=True, type=click.Path(path_type=Path))
@@ -395,9 +449,23 @@ def _export_gguf(source: Path, out: Path, ternary: str) -> None:
     )
     for note in result.input_differences:
         console.print(Text(f"note: {note}."))
+    if result.input_differences:
+        from stejax.lm._gguf import INPUT_TYPES
+
+        blocks = sorted({INPUT_TYPES[kind][1] for kind in result.types.values() if kind in INPUT_TYPES})
+        if result.input_block == 32:
+            how = "export it with --ternary Q4_0, whose inputs llama.cpp quantises per block of 32, as the model does"
+        elif len(blocks) == 1:
+            how = f"train with `stejax lm train --input-block {blocks[0]}` (what the default, auto, picks here)"
+        else:
+            how = (
+                "train with `stejax lm train --input-block 32` (what the default, auto, picks here) and export "
+                "with --ternary Q4_0"
+            )
+        console.print(Text(f"{out} will not compute exactly what the model computes in llama.cpp; to match, {how}."))
 
 
-@lm_group.command("sample")
+@lm_group.command("sample", short_help="Generate text from an exported LM artifact.")
 @artifact_dir_argument(exists=True, required=False)
 @deprecated_option("--artifact", "artifact_dir", required=True, type=directory(exists=True))
 @click.option("--prompt", "prompts", multiple=True, help="A text to continue (repeatable: one row of the batch each).")

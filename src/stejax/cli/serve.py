@@ -18,7 +18,7 @@ __all__ = ["serve_command"]
 _ADMIN_TOKEN_ENV = "STEJAX_ADMIN_TOKEN"
 
 
-@click.command("serve", short_help="Serve an artifact over HTTP, every batch size compiled up front.")
+@click.command("serve", short_help="Serve an artifact over HTTP, every batch size compiled first.")
 @artifact_dir_argument(exists=True, optional=True)
 @deprecated_option("--artifact", "artifact_dir", type=directory(exists=True))
 @registry_option(

@@ -73,10 +73,13 @@ _OUT = click.option(
 )
 
 
-@snn_group.command("compare")
+@snn_group.command("compare", short_help="Train every surrogate over split seeds and compare them.")
 @_OUT
 @click.option(
-    "--quick", is_flag=True, default=False, help="The smoke-test tier: fast_sigmoid and the ANN, 2 seeds, T = 4."
+    "--quick",
+    is_flag=True,
+    default=False,
+    help="The quick tier: fast_sigmoid and the ANN, 2 seeds, one hidden layer of 16, T = 4, 10 epochs.",
 )
 @click.option(
     "--seeds", type=click.IntRange(min=1), default=None, help="Split seeds 0..N-1 (default 5; 2 with --quick)."
@@ -148,7 +151,7 @@ def compare_command(
     _run(tier, out, Console(), workers)
 
 
-@snn_group.command("train")
+@snn_group.command("train", short_help="Train one spiking network on the rate-coded digits.")
 @_OUT
 @click.option(
     "--surrogate",

@@ -172,7 +172,7 @@ def train_command(
     console.print(Text(f"run directory: {out.resolve()}"))
 
 
-@click.command("compare")
+@click.command("compare", short_help="Train every QAT preset over seeds and compare with float.")
 @click.option(
     "--seeds",
     type=click.IntRange(min=1),
@@ -229,7 +229,7 @@ def compare_command(
     )
 
 
-@click.command(short_help="Train every QAT preset on the digits and compare them (a few minutes).")
+@click.command(short_help="Train and compare every QAT preset on the digits (minutes).")
 @click.option(
     "--out",
     type=click.Path(file_okay=False, path_type=Path),

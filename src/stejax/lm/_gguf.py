@@ -66,11 +66,13 @@ __all__ = [
     "TERNARY_TYPES",
     "GGUFError",
     "GGUFExport",
+    "check_input_block",
     "export_gguf",
     "gguf_name",
     "gguf_types",
     "input_differences",
     "llama_differences",
+    "llamacpp_input_blocks",
     "read_gguf",
 ]
 
@@ -117,6 +119,7 @@ class GGUFExport:
       input_differences: how llama.cpp's quantisation of the quantised products'
         inputs differs from the configuration's, one sentence per difference
         (empty: llama.cpp quantises every input as the model does).
+      input_block: the configuration's input block (None: one scale per token, or float inputs).
     """
 
     path: Path
@@ -125,6 +128,7 @@ class GGUFExport:
     types: Mapping[str, str]
     bits_per_weight: float
     input_differences: tuple[str, ...] = ()
+    input_block: int | None = None
 
 
 # ----------------------------------------------------------------------------------------------- names and checks
@@ -338,6 +342,68 @@ def input_differences(types: Mapping[str, str], config: Any) -> list[str]:
             f"approximate the model's; to compute what it computes, {match}"
         )
     return out
+
+
+def llamacpp_input_blocks(model: Any, config: Any, *, ternary: str = "TQ2_0") -> tuple[int, ...]:
+    """The blocks per which llama.cpp quantises the quantised products' inputs of a GGUF export, smallest first.
+
+    From the types :func:`gguf_types` gives the architecture and configuration
+    (Q8_0 and Q4_0 weights: inputs per block of 32; TQ1_0 and TQ2_0: per 256).
+    One block: a configuration trained with it (:meth:`~stejax.lm.LMQuant.with_input_block`)
+    quantises every product's input as llama.cpp does. Two: ternary tensors of
+    both kinds (rows of 256 and rows of 32), which no single block matches;
+    with ``ternary="Q4_0"`` every one takes 32. Empty: no quantised product.
+
+    Raises:
+      GGUFError: the model or configuration has no GGUF form (as :func:`gguf_types`).
+
+    Example:
+      >>> from stejax.lm import LMConfig
+      >>> llamacpp_input_blocks(LMConfig(width=64, heads=2, hidden=160, norms="llama"), "w1.58a8")
+      (32,)
+      >>> llamacpp_input_blocks(LMConfig(width=256, heads=2, hidden=512, norms="llama"), "w1.58a8")
+      (256,)
+    """
+    types = gguf_types(model, config, ternary=ternary)
+    return tuple(sorted({INPUT_TYPES[kind][1] for kind, _ in types.values() if kind in INPUT_TYPES}))
+
+
+def check_input_block(model: Any, block: int | None) -> None:
+    """Refuse an input block that does not divide every quantised linear's input width.
+
+    The block linears take inputs of ``model.width`` values (q, k, v, o, gate,
+    up) and ``model.hidden`` values (down); a block of inputs must divide both.
+
+    Raises:
+      ValueError: the block, both widths and the blocks that would fit.
+
+    Example:
+      >>> from stejax.lm import LMConfig
+      >>> try:
+      ...     check_input_block(LMConfig(width=64, heads=2, hidden=160), 256)
+      ... except ValueError as error:
+      ...     print(str(error).split("; ")[-1])
+      32 would fit (256 needs a width and hidden width that are multiples of 256).
+    """
+    from stejax.lm._quantisers import LLAMACPP_BLOCKS
+
+    if block is None:
+        return
+    widths = (model.width, model.hidden)
+    if all(n % block == 0 for n in widths):
+        return
+    fits = [b for b in LLAMACPP_BLOCKS if all(n % b == 0 for n in widths)]
+    if fits:
+        hint = f"{' or '.join(map(str, fits))} would fit"
+    else:
+        hint = f"no llama.cpp block ({' or '.join(map(str, LLAMACPP_BLOCKS))}) fits, only one scale per token"
+    big = max(LLAMACPP_BLOCKS)
+    if big not in fits:
+        hint += f" ({big} needs a width and hidden width that are multiples of {big})"
+    raise ValueError(
+        f"input blocks of {block} do not fit this model: its quantised linears take inputs of {model.width} values "
+        f"(width: q, k, v, o, gate, up) and {model.hidden} (hidden: down), and a block must divide both; {hint}."
+    )
 
 
 # ----------------------------------------------------------------------------------------------- block encoders
@@ -628,7 +694,7 @@ def export_gguf(
     n = sum(math.prod(sizes[g][1]) for g in block)
     bits = sum(BITS_PER_WEIGHT[kinds[g]] * math.prod(sizes[g][1]) for g in block) / n
     notes = tuple(input_differences(kinds, cfg))
-    return GGUFExport(target, target.stat().st_size, cfg.name, kinds, bits, notes)
+    return GGUFExport(target, target.stat().st_size, cfg.name, kinds, bits, notes, cfg.input_block)
 
 
 def _rms_eps() -> float:
