@@ -452,6 +452,10 @@ def test_cli_notes_a_per_token_model_and_refuses_blocks_for_float(tmp_path):
     result = CliRunner().invoke(main, ["lm", "export", "--format", "gguf", str(tmp_path / "a"), str(tmp_path / "m")])
     assert result.exit_code == 0, result.output
     assert "note: the inputs of 7 Q4_0 tensors: llama.cpp quantises them" in " ".join(result.output.split())
+    assert (
+        "will not compute exactly what the model computes in llama.cpp; to match, train with `stejax lm train "
+        "--input-block 32` (what the default, auto, picks here)." in " ".join(result.output.split())
+    )
     refused = CliRunner().invoke(main, ["lm", "train", "--out", str(tmp_path / "r"), "--input-block", "32"])
     assert refused.exit_code == 2 and "inputs are float, expected 8-bit" in refused.output
     assert not (tmp_path / "r").exists()
