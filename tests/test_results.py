@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -192,3 +193,23 @@ def test_the_glance_table_shows_each_figure_beside_its_target_met_or_missed():
             target = targets[i if len(targets) > 1 else 0]
             assert figure["target"].replace(" ", "") == target.replace(" ", ""), (name, key, figure["target"], target)
             assert verdicts[i].strip("*") == ("met" if figure["met"] else "missed"), (name, key, verdicts[i])
+
+
+def test_a_results_file_written_beside_another_still_records_a_committed_tree(tmp_path):
+    # A script that writes two files measured one tree: the first file is not a change to the code.
+    def git(*args):
+        subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)
+
+    git("init", "-q")
+    (tmp_path / "code.py").write_text("x = 1\n")
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "a.json").write_text("{}\n")
+    git("add", ".")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "c")
+    table = {"rows": [{"x": 1}], "columns": [("x", "x")]}
+    first = Recorder("a", command="python measure.py").write(tmp_path / "results" / "a.json", **table)
+    second = Recorder("b", command="python measure.py").write(tmp_path / "results" / "b.json", **table)
+    assert first["commit"]["uncommitted_changes"] is False and second["commit"]["uncommitted_changes"] is False
+    (tmp_path / "code.py").write_text("x = 2\n")
+    third = Recorder("b", command="python measure.py").write(tmp_path / "results" / "b.json", **table)
+    assert third["commit"]["uncommitted_changes"] is True

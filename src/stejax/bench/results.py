@@ -111,8 +111,16 @@ def _commit(cwd: Path) -> dict[str, Any]:
     head = _git("rev-parse", "--short=12", "HEAD", cwd=cwd)
     if head is None:
         return {"id": None, "uncommitted_changes": None}
+    top = _git("rev-parse", "--show-toplevel", cwd=cwd)
     status = _git("status", "--porcelain", "--untracked-files=no", cwd=cwd)
-    return {"id": head, "uncommitted_changes": bool(status)}
+    if top is None or status is None:
+        return {"id": head, "uncommitted_changes": None}
+    # Each line is "XY PATH" (the status letters, then the path; "OLD -> NEW" for a rename).
+    paths = [line.split(None, 1)[1].split(" -> ")[-1] for line in status.splitlines() if line.strip()]
+    changed = [Path(top, path).resolve() for path in paths]
+    # Results files beside this one (a script that writes several) are measurements, not changes to the code.
+    changed = [path for path in changed if not (path.parent == cwd.resolve() and path.suffix == ".json")]
+    return {"id": head, "uncommitted_changes": bool(changed)}
 
 
 def _machine() -> dict[str, Any]:
