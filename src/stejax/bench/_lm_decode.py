@@ -413,7 +413,7 @@ def figures(rows: Sequence[dict[str, Any]], limit: dict[str, Any] | None) -> dic
         worst = min(speedups)
         out["compiled_vs_loop_min"] = Figure(
             round(worst[0], 1),
-            f"{worst[0]:.0f}×",
+            f"{worst[0]:.1f}×",
             target="≥ 20×",
             met=worst[0] >= 20,
             note=f"the least over models and configurations ({worst[1]} {worst[2]}), batch 1, bytes per CPU second",
@@ -629,3 +629,306 @@ def lm_decode_suite(
         "limits": limit,
         "notes": notes,
     }
+
+
+# ----------------------------------------------------------------------------- large models on an accelerator
+
+# Models large enough that a decoding step is bound by the weights' bytes (random weights; context for a
+# 64-byte prompt and 256 new bytes).
+LARGE: dict[str, dict[str, Any]] = {
+    "25M": dict(context=320, width=512, depth=8, heads=8, hidden=1376),
+    "350M": dict(context=320, width=1024, depth=28, heads=16, hidden=2816),
+    "1B": dict(context=320, width=2048, depth=20, heads=16, hidden=5632),
+}
+# Resident forms of the accelerator rows: the float model in float32 or bfloat16, or its quantised linears as
+# integer codes (everything else float32, as stejax.lm.load_lowbit keeps it).
+FORMS = ("float32", "bfloat16", "int8", "int4", "ternary-int8", "ternary-2bit")
+HBM_BYTES_PER_S = 819e9  # TPU v5e
+
+
+def random_model(
+    name: str, form: str, *, seed: int = 0, implementation: str | None = None, config: Any = None
+) -> tuple[Any, int]:
+    """A model of :data:`LARGE` (or of ``config``) with random weights in a resident ``form``, on the device.
+
+    No float32 copy of the whole model is made for the low-bit forms: the float model is built abstractly
+    (``nnx.eval_shape``), each parameter drawn on the device in its own type, and each quantised linear made
+    directly as random integer codes (packed as :func:`stejax.lm._lowbit.pack_groups` packs them) and scales.
+    Returns the model and its parameter count (the float architecture's).
+
+    Raises:
+      ValueError: an unknown model name or form.
+    """
+    from flax import nnx
+
+    from stejax.lm import LMConfig, LowBitLinear, Transformer, quantised_paths
+    from stejax.lm._lowbit import _set_module
+
+    if config is None and name not in LARGE:
+        raise ValueError(f"random_model: model must be one of {sorted(LARGE)}; got {name!r}.")
+    if form not in FORMS:
+        raise ValueError(f"random_model: form must be one of {FORMS}; got {form!r}.")
+    config = LMConfig(**LARGE[name]) if config is None else config
+    abstract = nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0)))
+    graphdef, state = nnx.split(abstract)
+    params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(state))
+    sites = set(quantised_paths(abstract)) if form not in ("float32", "bfloat16") else set()
+    dtype = jnp.bfloat16 if form == "bfloat16" else jnp.float32
+    key = jax.random.key(seed)
+    flat = nnx.to_flat_state(state)
+    leaves = []
+    for i, (path, leaf) in enumerate(flat):
+        site = "/".join(str(p) for p in path[:-1])
+        shape = leaf.get_value().shape if hasattr(leaf, "get_value") else leaf.value.shape
+        if site in sites:  # replaced below: a placeholder, no float32 copy of the kernel
+            value = jnp.zeros((), dtype)
+        elif path[-1] == "scale":  # RMSNorm
+            value = jnp.ones(shape, dtype)
+        else:
+            value = (jax.random.normal(jax.random.fold_in(key, i), shape, jnp.float32) * 0.02).astype(dtype)
+        leaves.append((path, leaf.replace(value)))
+    model = nnx.merge(graphdef, nnx.from_flat_state(leaves))
+    for j, site in enumerate(sorted(sites)):
+        node: Any = abstract
+        for part in site.split("/"):
+            node = node[int(part)] if part.isdigit() else getattr(node, part)
+        k, n = node.in_features, node.out_features
+        layer = jax.random.fold_in(key, 10_000 + j)
+        shape = {"in_features": k, "out_features": n, "input_bits": 8, "implementation": implementation}
+        if form in ("int8", "ternary-int8"):
+            low = -127 if form == "int8" else -1
+            codes = jax.random.randint(layer, (k, n), low, -low + 1, jnp.int32).astype(jnp.int8)
+            scale = jnp.full((n,), 0.01, jnp.float32) if form == "int8" else jnp.float32(50.0)
+        elif form == "int4":  # every byte is two valid int4 codes
+            codes = jax.random.randint(layer, (k // 32, 16, n), -128, 128, jnp.int32).astype(jnp.int8)
+            scale = jnp.full((k // 32, n), 0.01, jnp.float32)
+        else:  # ternary-2bit: four fields of 1..3 (codes -1..1) a byte
+            fields = jax.random.randint(layer, (4, 1, k // 4, n), 1, 4, jnp.int32)
+            words = fields[0] | (fields[1] << 2) | (fields[2] << 4) | (fields[3] << 6)
+            codes = words.astype(jnp.uint8).view(jnp.int8)
+            scale = jnp.float32(50.0)
+        _set_module(model, site, LowBitLinear(form, codes, scale, **shape))
+    return model, params
+
+
+def _implementation(model: Any, rows: int) -> str:
+    """``"pallas"`` when the model's low-bit layers run the Pallas kernels at ``rows`` rows, else ``"xla"``."""
+    from flax import nnx
+
+    from stejax.lm import LowBitLinear
+
+    layers = [m for _, m in nnx.iter_modules(model) if isinstance(m, LowBitLinear)]
+    return "pallas" if layers and all(m._kernel(rows) for m in layers) else "xla"
+
+
+def _timed_decode(model: Any, prompts: Sequence[bytes], tokens: int) -> tuple[float, float, int, int]:
+    from stejax.lm import decode
+
+    d = decode(model, list(prompts), tokens=tokens, key=jax.random.key(0), temperature=0)
+    return d.seconds, d.first_byte_seconds, d.compiles, d.new_bytes
+
+
+def device_rows(
+    name: str,
+    forms: Sequence[str],
+    batches: Sequence[int],
+    *,
+    tokens: int = 128,
+    repeats: int = 3,
+    warmup: int = 1,
+    loop_bytes: int = 0,
+    implementation: str | None = None,
+    config: Any = None,
+    prompt_bytes: int = PROMPT_BYTES,
+) -> list[dict[str, Any]]:
+    """Rows of the compiled decode of a :data:`LARGE` model on the default device, one per form and batch.
+
+    Each form is built (:func:`random_model`), warmed up at each batch, then timed ``repeats`` times, and
+    freed before the next. With ``loop_bytes``, the per-byte loop (:func:`stejax.lm.generate`) is timed on
+    the same model at batch 1 as well (``path: "loop"``).
+
+    Row schema (besides the suite's ``model``, ``params``, ``weights``, ``batch``, ``path``, ``bytes_per_s``,
+    ``first_byte_ms``, ``resident_weight_bytes``, ``compiles``)::
+
+        device            str    the accelerator (``device_kind``)
+        implementation    str    "kernel" (Pallas, where chosen) or "xla" for low-bit forms; "xla" for float
+        step_us           float  median wall time of one decoding step (all rows), prefill excluded
+        decode_bytes_per_s float  bytes of all rows per second of decoding steps (batch / step)
+        roofline          float  resident weight bytes per step x steps per second / 819 GB/s
+    """
+    from stejax.bench._measure import CompileCounter
+    from stejax.lm import generate
+    from stejax.lm._lowbit import weight_bytes
+
+    device = jax.devices()[0].device_kind
+    prompts = bench_prompts(max(batches), prompt_bytes)
+    rows = []
+    for form in forms:
+        model, params = random_model(name, form, implementation=implementation, config=config)
+        resident = weight_bytes(model)["resident"]
+        for batch in batches:
+            for _ in range(warmup):
+                _timed_decode(model, prompts[:batch], tokens)
+            runs = []
+            with CompileCounter() as counter:
+                for _ in range(repeats):
+                    runs.append(_timed_decode(model, prompts[:batch], tokens))
+            seconds = _median([r[0] for r in runs])
+            first = _median([r[1] for r in runs])
+            step = _median([(r[0] - r[1]) / (tokens - 1) for r in runs])
+            rows.append(
+                {
+                    "device": device,
+                    "model": name,
+                    "params": params,
+                    "config": form,
+                    "weights": form,
+                    "implementation": _implementation(model, batch),
+                    "batch": batch,
+                    "path": "compiled",
+                    "new_bytes": tokens,
+                    "bytes_per_s": batch * tokens / seconds,
+                    "decode_bytes_per_s": batch / step,
+                    "step_us": 1e6 * step,
+                    "first_byte_ms": 1e3 * first,
+                    "resident_weight_bytes": resident,
+                    "compiles": counter.count + sum(r[2] for r in runs),
+                    "roofline": resident / step / HBM_BYTES_PER_S,
+                    "repeats": repeats,
+                }
+            )
+        if loop_bytes:
+            with jax.debug_key_reuse(False):
+                generate(model, prompts[0], tokens=loop_bytes, key=jax.random.key(0), temperature=0)
+                g = [generate(model, prompts[0], tokens=loop_bytes, key=jax.random.key(0), temperature=0)]
+                g += [generate(model, prompts[0], tokens=loop_bytes, key=jax.random.key(0), temperature=0)]
+            rate = _median([len(x.tokens) / x.seconds for x in g])
+            rows.append(
+                {
+                    "device": device,
+                    "model": name,
+                    "params": params,
+                    "config": form,
+                    "weights": form,
+                    "implementation": "xla",
+                    "batch": 1,
+                    "path": "loop",
+                    "new_bytes": loop_bytes,
+                    "bytes_per_s": rate,
+                    "decode_bytes_per_s": rate,
+                    "step_us": 1e6 / rate,
+                    "first_byte_ms": 1e3 * _median([x.first_byte_seconds for x in g]),
+                    "resident_weight_bytes": resident,
+                    "compiles": 0,
+                    "roofline": resident * rate / HBM_BYTES_PER_S,
+                    "repeats": len(g),
+                }
+            )
+        del model
+    return rows
+
+
+DEVICE_COLUMNS: list[tuple[str, str] | tuple[str, str, str]] = [
+    ("device", "device"),
+    ("model", "model"),
+    ("weights", "form"),
+    ("implementation", "product"),
+    ("batch", "batch"),
+    ("path", "path"),
+    ("decode_bytes_per_s", "bytes/s", "{:,.0f}"),
+    ("step_us", "step µs", "{:,.0f}"),
+    ("first_byte_ms", "first byte ms", "{:,.1f}"),
+    ("resident_weight_bytes", "resident bytes", "{:,}"),
+    ("roofline", "HBM roofline", "{:.0%}"),
+    ("compiles", "compiles"),
+]
+DEVICE_COMMAND = "python -m stejax.bench._lm_decode --model 1B --forms bfloat16,int8 --batches 1,16 --out FILE"
+
+
+def device_figures(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The accelerator targets, judged on ``rows`` of :func:`device_rows` (those measured)."""
+    from stejax.bench.results import Figure
+
+    def rate(model: str, weights: str, batch: int = 1, path: str = "compiled") -> dict[str, Any] | None:
+        return _find(rows, model=model, weights=weights, batch=batch, path=path)
+
+    out: dict[str, Any] = {}
+    bf16 = rate("1B", "bfloat16")
+    if bf16 is not None:
+        share = bf16["roofline"]
+        out["bf16_roofline_1B"] = Figure(
+            round(share, 3), f"{share:.0%}", target="≥ 70%", met=share >= 0.7, note="1B model, batch 1"
+        )
+        for weights, bound in (("int8", 1.7), ("int4", 3.0), ("ternary-2bit", 4.0)):
+            row = rate("1B", weights)
+            if row is not None:
+                ratio = row["decode_bytes_per_s"] / bf16["decode_bytes_per_s"]
+                out[f"{weights.replace('-', '_')}_vs_bf16_1B"] = Figure(
+                    round(ratio, 2), f"{ratio:.2f}×", target=f"≥ {bound}×", met=ratio >= bound, note="1B, batch 1"
+                )
+        b16 = rate("1B", "bfloat16", 16)
+        if b16 is not None:
+            ratio = b16["decode_bytes_per_s"] / bf16["decode_bytes_per_s"]
+            out["batch16_vs_batch1_1B"] = Figure(
+                round(ratio, 1), f"{ratio:.1f}×", target="≥ 10×", met=ratio >= 10, note="1B bfloat16"
+            )
+    small = rate("25M", "ternary-2bit")
+    for base in ("bfloat16", "float32"):
+        other = rate("25M", base)
+        if small is not None and other is not None:
+            ratio = small["decode_bytes_per_s"] / other["decode_bytes_per_s"]
+            out[f"ternary_2bit_vs_{base}_25M"] = Figure(
+                round(ratio, 2), f"{ratio:.2f}×", target="≥ 1.0×", met=ratio >= 1.0, note="25M, batch 1"
+            )
+    loops = [r for r in rows if r["path"] == "loop"]
+    for loop in loops:
+        compiled = rate(loop["model"], loop["weights"])
+        if compiled is not None:
+            ratio = compiled["bytes_per_s"] / loop["bytes_per_s"]
+            out["compiled_vs_loop"] = Figure(
+                round(ratio, 1),
+                f"{ratio:.0f}×",
+                target="≥ 20×",
+                met=ratio >= 20,
+                note=f"{loop['model']} {loop['weights']}, batch 1, prefill included",
+            )
+    compiles = max((r["compiles"] for r in rows), default=0)
+    out["compiles_after_warmup"] = Figure(compiles, str(compiles), target="0", met=compiles == 0)
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Measure :func:`device_rows` for one model and write a results file (``--out``)."""
+    import argparse
+
+    from stejax.bench.results import Recorder
+
+    parser = argparse.ArgumentParser(description="Decoding speed of a large random-weight LM on this device.")
+    parser.add_argument("--model", required=True, choices=sorted(LARGE))
+    parser.add_argument("--forms", default=",".join(FORMS))
+    parser.add_argument("--batches", default="1")
+    parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--loop-bytes", type=int, default=0)
+    parser.add_argument("--implementation", default=None, choices=("xla", "pallas"))
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+    recorder = Recorder("lm_decode_device", command=f"python -m stejax.bench._lm_decode {' '.join(argv or [])}".strip())
+    rows: list[dict[str, Any]] = []
+    for form in args.forms.split(","):  # written after each form: a run cut short keeps what it measured
+        rows += device_rows(
+            args.model,
+            [form],
+            [int(b) for b in args.batches.split(",")],
+            tokens=args.tokens,
+            repeats=args.repeats,
+            loop_bytes=args.loop_bytes,
+            implementation=args.implementation,
+        )
+        recorder.write(args.out, rows=rows, columns=DEVICE_COLUMNS, figures=device_figures(rows))
+
+
+if __name__ == "__main__":
+    import sys
+
+    main(sys.argv[1:])

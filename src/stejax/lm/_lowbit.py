@@ -28,7 +28,7 @@ so any :class:`LMConfig` layout works.
 from __future__ import annotations
 
 import dataclasses
-import functools
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -39,6 +39,10 @@ import numpy as np
 from flax import nnx
 
 from stejax.lm._configs import LMQuant
+from stejax.lm._kernel_blocks import IMPLEMENTATIONS, kernel_backend
+from stejax.lm._kernel_int4 import grouped_kernel_fits, grouped_sum, grouped_sum_reference
+from stejax.lm._kernel_int8 import int8_accumulate, int8_accumulate_reference, int8_kernel_fits
+from stejax.lm._kernel_ternary import ternary_accumulate, ternary_accumulate_reference, ternary_kernel_fits
 
 __all__ = ["TERNARY_FORMS", "LowBitLM", "LowBitLinear", "Resident", "load_lowbit", "lowbit_linear", "weight_bytes"]
 
@@ -52,12 +56,13 @@ class Resident(nnx.Variable):
     """A weight buffer kept as exported (integer codes, packed codes or their scales); never trained."""
 
 
-def _pack_groups(codes: np.ndarray, group: int, bits: int) -> np.ndarray:
-    """Codes ``(in, out)`` -> ``uint8 (in // group, group // per, out)``, ``per = 8 // bits`` codes a byte.
+def pack_groups(codes: np.ndarray, group: int, bits: int) -> np.ndarray:
+    """Codes ``(in, out)`` -> ``int8 (in // group, group // per, out)``, ``per = 8 // bits`` codes a byte.
 
     Byte ``j`` of group ``g`` holds rows ``g * group + k * (group // per) + j`` for
     ``k = 0 .. per-1``, each as ``code + 2**(bits-1)`` in bits ``k*bits .. k*bits+bits-1``:
-    unpacking slice ``k`` gives a contiguous block of rows.
+    unpacking slice ``k`` gives a contiguous block of rows. The bytes are stored as int8 (the same bits): the
+    TPU's vector unit and MXU take signed integers.
     """
     n_in, n_out = codes.shape
     per = 8 // bits
@@ -65,16 +70,8 @@ def _pack_groups(codes: np.ndarray, group: int, bits: int) -> np.ndarray:
         raise ValueError(f"lowbit: {bits}-bit groups of {group} do not tile a kernel of shape {codes.shape}.")
     offset = 1 << (bits - 1)
     blocks = (codes.astype(np.int64) + offset).reshape(n_in // group, per, group // per, n_out)
-    return (blocks << (bits * np.arange(per)).reshape(1, per, 1, 1)).sum(axis=1).astype(np.uint8)
-
-
-def _unpack_groups(packed: jax.Array, bits: int) -> list[jax.Array]:
-    """The ``per`` slices of :func:`_pack_groups`' codes, each int8 ``(groups, group // per, out)``."""
-    mask, offset = (1 << bits) - 1, 1 << (bits - 1)
-    return [
-        ((packed >> jnp.uint8(bits * k)) & jnp.uint8(mask)).astype(jnp.int8) - jnp.int8(offset)
-        for k in range(8 // bits)
-    ]
+    packed = (blocks << (bits * np.arange(per)).reshape(1, per, 1, 1)).sum(axis=1).astype(np.uint8)
+    return packed.view(np.int8)
 
 
 def _quantise_input(x: jax.Array, bits: int) -> tuple[jax.Array, jax.Array]:
@@ -98,48 +95,91 @@ class LowBitLinear(nnx.Module):
       scale: float32: ``(out,)`` for int8, ``(groups, out)`` for int4 and int2, ``()`` for ternary.
       in_features, out_features: the kernel's shape.
       input_bits: 8 or 4: the per-token input codes.
+      implementation: the integer product: ``"xla"`` (``lax.dot_general``), ``"pallas"`` (the Pallas TPU
+        kernels of :mod:`stejax.lm._kernel_int8`, ``_kernel_int4``, ``_kernel_ternary``), or None: the kernel
+        where the backend is a TPU that multiplies int8 and the shape suits it (a few rows, as in decoding),
+        else XLA. The two give the same integer sums and the same float32 epilogue.
+      interpret: run the kernels in Pallas interpret mode (any backend; for tests).
+
+    Raises:
+      ValueError: an unknown ``implementation``.
     """
 
     def __init__(
-        self, form: str, codes: Any, scale: Any, *, in_features: int, out_features: int, input_bits: int
+        self,
+        form: str,
+        codes: Any,
+        scale: Any,
+        *,
+        in_features: int,
+        out_features: int,
+        input_bits: int,
+        implementation: str | None = None,
+        interpret: bool = False,
     ) -> None:
+        if implementation not in IMPLEMENTATIONS:
+            raise ValueError(f"LowBitLinear: implementation must be one of {IMPLEMENTATIONS}; got {implementation!r}.")
         self.form = form
         self.in_features = in_features
         self.out_features = out_features
         self.input_bits = input_bits
+        self.implementation = implementation
+        self.interpret = interpret
         self.codes = Resident(jnp.asarray(codes))
         self.scale = Resident(jnp.asarray(scale, jnp.float32))
+
+    def _kernel(self, rows: int) -> bool:
+        """Whether this call runs the Pallas kernel (chosen in Python, from static facts)."""
+        if self.implementation == "xla":
+            return False
+        if self.implementation == "pallas":
+            return True
+        if not kernel_backend():
+            return False
+        k, n = self.in_features, self.out_features
+        if self.form in ("int8", "ternary-int8"):
+            return int8_kernel_fits(rows, k, n)
+        if self.form == "ternary-2bit":
+            return ternary_kernel_fits(rows, k, n)
+        bits = 4 if self.form == "int4" else 2
+        return grouped_kernel_fits(rows, k, n, k // self.codes.shape[0], bits)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         q, s = _quantise_input(x.astype(jnp.float32), self.input_bits)
         codes, scale = self.codes[...], self.scale[...]
+        kernel = self._kernel(math.prod(q.shape[:-1]))
         if self.form in ("int8", "ternary-int8"):
-            acc = jax.lax.dot_general(
-                q, codes, (((q.ndim - 1,), (0,)), ((), ())), preferred_element_type=jnp.int32
+            acc = (
+                int8_accumulate(q, codes, interpret=self.interpret) if kernel else int8_accumulate_reference(q, codes)
             ).astype(jnp.float32)
             if self.form == "int8":
                 return acc * _lead(scale, acc.ndim) / s
             return acc / (s * _lead(scale, acc.ndim))
-        bits = 4 if self.form == "int4" else 2
-        slices = _unpack_groups(codes, bits)
-        groups, per_slice = codes.shape[0], codes.shape[1]
-        xq = q.reshape(*q.shape[:-1], groups, len(slices), per_slice)
-        products = [
-            jax.lax.dot_general(
-                xq[..., k, :], c, (((xq.ndim - 2,), (1,)), ((xq.ndim - 3,), (0,))), preferred_element_type=jnp.int32
-            )
-            for k, c in enumerate(slices)
-        ]  # each (groups, ..., out): dot_general puts the batch (group) axis first
-        acc = jnp.moveaxis(functools.reduce(jnp.add, products), 0, -2).astype(jnp.float32)  # (..., groups, out)
         if self.form == "ternary-2bit":
-            return acc[..., 0, :] / (s * _lead(scale, acc.ndim - 1))
-        return jnp.sum(acc * _lead(scale, acc.ndim), axis=-2) / s
+            acc = (
+                ternary_accumulate(q, codes, interpret=self.interpret)
+                if kernel
+                else ternary_accumulate_reference(q, codes)
+            ).astype(jnp.float32)
+            return acc / (s * _lead(scale, acc.ndim))
+        bits = 4 if self.form == "int4" else 2
+        if kernel:
+            return grouped_sum(q, codes, scale, bits=bits, interpret=self.interpret) / s
+        return grouped_sum_reference(q, codes, scale, bits=bits) / s
 
 
 def lowbit_linear(
-    codes: np.ndarray, scale: np.ndarray, config: LMQuant, *, ternary: str = DEFAULT_TERNARY
+    codes: np.ndarray,
+    scale: np.ndarray,
+    config: LMQuant,
+    *,
+    ternary: str = DEFAULT_TERNARY,
+    implementation: str | None = None,
+    interpret: bool = False,
 ) -> LowBitLinear:
     """A :class:`LowBitLinear` from integer codes ``(in, out)`` and the artifact's compact scale.
+
+    ``implementation`` and ``interpret``: as :class:`LowBitLinear`'s.
 
     Raises:
       ValueError: a configuration with no integer path (float inputs), an unknown ``ternary`` form, or codes
@@ -152,18 +192,24 @@ def lowbit_linear(
     if ternary not in TERNARY_FORMS:
         raise ValueError(f"lowbit: ternary must be one of {TERNARY_FORMS}; got {ternary!r}.")
     n_in, n_out = codes.shape
-    shape = {"in_features": n_in, "out_features": n_out, "input_bits": int(config.input_bits)}
+    shape = {
+        "in_features": n_in,
+        "out_features": n_out,
+        "input_bits": int(config.input_bits),
+        "implementation": implementation,
+        "interpret": interpret,
+    }
     if config.weight_bits == 1.58:
         if ternary == "int8":
             return LowBitLinear("ternary-int8", codes.astype(np.int8), scale, **shape)
-        return LowBitLinear("ternary-2bit", _pack_groups(codes, n_in, 2), scale, **shape)
+        return LowBitLinear("ternary-2bit", pack_groups(codes, n_in, 2), scale, **shape)
     if config.weight_bits == 8:
         return LowBitLinear("int8", codes.astype(np.int8), np.reshape(scale, (n_out,)), **shape)
     bits = int(config.weight_bits)
     if config.group is None:
         raise ValueError(f"lowbit: {bits}-bit weights need groups along the contraction axis; got group None.")
     form = "int4" if bits == 4 else "int2"
-    return LowBitLinear(form, _pack_groups(codes, config.group, bits), scale, **shape)
+    return LowBitLinear(form, pack_groups(codes, config.group, bits), scale, **shape)
 
 
 def weight_bytes(model: nnx.Module) -> dict[str, int]:
@@ -212,13 +258,17 @@ def _set_module(root: nnx.Module, path: str, module: nnx.Module) -> None:
     setattr(node, last, module)
 
 
-def load_lowbit(path: str | os.PathLike, *, ternary: str = DEFAULT_TERNARY) -> LowBitLM:
+def load_lowbit(
+    path: str | os.PathLike, *, ternary: str = DEFAULT_TERNARY, implementation: str | None = None
+) -> LowBitLM:
     """Verify an LM artifact and load it with its quantised linears resident in exported integer form.
 
     Args:
       path: an artifact directory written by ``stejax lm export``.
       ternary: ternary codes in memory as ``"int8"`` (the default, faster here) or ``"2bit"``
         (four to a byte, unpacked in the step).
+      implementation: the quantised layers' integer product (:class:`LowBitLinear`): None chooses the Pallas
+        kernel on a TPU for shapes it suits, ``"xla"`` or ``"pallas"`` forces one.
 
     Raises:
       stejax.artifacts.ArtifactError: a missing, changed or unlisted file, or an edited manifest.
@@ -242,6 +292,10 @@ def load_lowbit(path: str | os.PathLike, *, ternary: str = DEFAULT_TERNARY) -> L
     for site, entry in sorted(manifest["quantised"].items()):
         shape = tuple(entry["shape"])
         codes = unpack(tensors[f"{site}/codes"], entry["container"], int(np.prod(shape))).reshape(shape)
-        _set_module(model, site, lowbit_linear(codes, tensors[f"{site}/scale"], config, ternary=ternary))
+        _set_module(
+            model,
+            site,
+            lowbit_linear(codes, tensors[f"{site}/scale"], config, ternary=ternary, implementation=implementation),
+        )
     form = ternary if config.weight_bits == 1.58 else None
     return LowBitLM(model, loaded.model, config, form, weight_bytes(model))

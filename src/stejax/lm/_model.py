@@ -169,8 +169,9 @@ class Attention(nnx.Module):
         if cache is None:
             keys, values, key_positions = k, v, positions
         else:
-            keys = jax.lax.dynamic_update_slice(cache.keys, k, (0, start, 0, 0))
-            values = jax.lax.dynamic_update_slice(cache.values, v, (0, start, 0, 0))
+            # A bfloat16 model may keep its cache in bfloat16 (rotary angles are float32: cast back).
+            keys = jax.lax.dynamic_update_slice(cache.keys, k.astype(cache.keys.dtype), (0, start, 0, 0))
+            values = jax.lax.dynamic_update_slice(cache.values, v.astype(cache.values.dtype), (0, start, 0, 0))
             key_positions = jnp.arange(keys.shape[1])
             cache = LayerCache(keys, values)
         scores = jnp.einsum("bqhd,bkhd->bhqk", q, keys) / math.sqrt(d // self.heads)

@@ -1,0 +1,194 @@
+"""The Pallas low-bit products (interpret mode on CPU) against their pure-JAX references, and the choice of one."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from stejax.lm import LMConfig, LowBitLinear, Transformer, decode, generate
+from stejax.lm._kernel_blocks import Blocks, default_blocks
+from stejax.lm._kernel_int4 import grouped_kernel_fits, grouped_sum, grouped_sum_reference
+from stejax.lm._kernel_int8 import int8_accumulate, int8_accumulate_reference, int8_kernel_fits
+from stejax.lm._kernel_ternary import ternary_accumulate, ternary_accumulate_reference, ternary_kernel_fits
+from stejax.lm._lowbit import lowbit_linear, pack_groups
+
+SHAPES = [  # (rows, k, n, blocks): aligned tiles over a 2 x 2 grid, a partial row block, whole unaligned dimensions
+    (3, 256, 256, Blocks(128, 128)),
+    (1, 512, 128, None),
+    (5, 96, 64, None),
+]
+
+
+def _inputs(rows: int, k: int, seed: int = 0) -> jax.Array:
+    """int8 input codes with the extremes in the first two rows (-128 and 127 everywhere)."""
+    rng = np.random.default_rng(seed)
+    q = rng.integers(-128, 128, (rows, k))
+    q[0] = -128
+    if rows > 1:
+        q[1] = 127
+    return jnp.asarray(q, jnp.int8)
+
+
+def _exact(q: jax.Array, codes: np.ndarray) -> np.ndarray:
+    return np.asarray(q, np.int64) @ codes.astype(np.int64)
+
+
+@pytest.mark.parametrize(("rows", "k", "n", "blocks"), SHAPES)
+def test_int8_accumulators_equal_the_xla_integer_product(rows, k, n, blocks):
+    rng = np.random.default_rng(1)
+    codes = rng.integers(-128, 128, (k, n)).astype(np.int8)
+    codes[:, 0] = -128  # the extreme code against the extreme inputs
+    q = _inputs(rows, k)
+    got = int8_accumulate(q, jnp.asarray(codes), blocks=blocks, interpret=True)
+    assert got.dtype == jnp.int32
+    np.testing.assert_array_equal(got, int8_accumulate_reference(q, jnp.asarray(codes)))
+    np.testing.assert_array_equal(got, _exact(q, codes))
+
+
+@pytest.mark.parametrize(("rows", "k", "n", "blocks"), SHAPES)
+def test_ternary_2bit_accumulators_equal_the_xla_integer_product(rows, k, n, blocks):
+    codes = np.random.default_rng(2).integers(-1, 2, (k, n))
+    packed = jnp.asarray(pack_groups(codes, k, 2))
+    q = _inputs(rows, k)
+    if blocks is not None:  # over the packed rows: a quarter of k
+        blocks = Blocks(k // 4 // 2 if k // 4 // 2 % 128 == 0 else k // 4, blocks.block_n)
+    got = ternary_accumulate(q, packed, blocks=blocks, interpret=True)
+    np.testing.assert_array_equal(got, ternary_accumulate_reference(q, packed))
+    np.testing.assert_array_equal(got, _exact(q, codes))
+
+
+@pytest.mark.parametrize("bits", [4, 2])
+@pytest.mark.parametrize(("rows", "k", "n"), [(3, 512, 256), (1, 96, 64), (9, 256, 128)])
+def test_grouped_sums_are_exact_and_match_the_reference(bits, rows, k, n):
+    rng = np.random.default_rng(3)
+    top = 1 << (bits - 1)
+    codes = rng.integers(-top, top, (k, n))
+    codes[:32, 0] = -top
+    packed = jnp.asarray(pack_groups(codes, 32, bits))
+    q = _inputs(rows, k)
+    # Unit scales: the float32 sum of exact int32 group sums is the integer product (|sum| < 2**24).
+    ones = jnp.ones((k // 32, n), jnp.float32)
+    got = grouped_sum(q, packed, ones, bits=bits, interpret=True)
+    np.testing.assert_array_equal(got, _exact(q, codes).astype(np.float32))
+    np.testing.assert_array_equal(grouped_sum_reference(q, packed, ones, bits=bits), got)
+    # One group at a time: each group's sum lands on its own scale (a missing or doubled block would show).
+    for g in (0, k // 32 - 1):
+        only = jnp.zeros((k // 32, n), jnp.float32).at[g].set(1.0)
+        want = _exact(q[:, g * 32 : (g + 1) * 32], codes[g * 32 : (g + 1) * 32]).astype(np.float32)
+        np.testing.assert_array_equal(grouped_sum(q, packed, only, bits=bits, interpret=True), want)
+    # Real scales: the same float32 products and sums, in the order of the groups, up to float32 rounding.
+    scale = jnp.asarray(rng.uniform(0.001, 0.1, (k // 32, n)), jnp.float32)
+    got = grouped_sum(q, packed, scale, bits=bits, interpret=True)
+    want = grouped_sum_reference(q, packed, scale, bits=bits)
+    np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-6 * float(jnp.max(jnp.abs(want))))
+
+
+@pytest.mark.parametrize(
+    ("blocks", "message"),
+    [
+        (Blocks(96, 128), r"int8_accumulate: block_k=96 must divide packed rows=256"),
+        (Blocks(128, 100), r"int8_accumulate: block_n=100 must divide n=384"),
+        (Blocks(64, 128), r"block_k=64 must be a multiple of 128 or equal packed rows=256 \(a TPU block's last"),
+    ],
+)
+def test_blocks_that_break_the_tpu_rule_are_refused_naming_value_block_and_rule(blocks, message):
+    q = jnp.zeros((1, 256), jnp.int8)
+    with pytest.raises(ValueError, match=message):
+        int8_accumulate(q, jnp.zeros((256, 384), jnp.int8), blocks=blocks, interpret=True)
+
+
+def test_grouped_blocks_must_hold_whole_groups():
+    q = jnp.zeros((1, 1024), jnp.int8)
+    packed = jnp.zeros((32, 16, 128), jnp.int8)  # int4: 512 packed rows, 16 a group
+    with pytest.raises(ValueError, match=r"grouped_sum: block_k=136 must divide packed rows=512"):
+        grouped_sum(q, packed, jnp.ones((32, 128), jnp.float32), bits=4, blocks=Blocks(136, 128), interpret=True)
+    with pytest.raises(ValueError, match=r"Blocks: block_k must be an int >= 1; got 0"):
+        Blocks(0, 128)
+
+
+def test_default_blocks_and_the_kernel_or_xla_predicates():
+    assert default_blocks(2048, 5632) == Blocks(512, 2816)  # 1.4 MiB (1024 rows: 2.8 MiB, over 2); n up to 4096
+    assert default_blocks(1376, 512) == Blocks(1376, 512)  # no multiple of 128 divides 1376: the whole axis
+    assert default_blocks(2816, 2048, multiple_k=16, fewest_k=True) == Blocks(128, 2048)
+    assert int8_kernel_fits(1, 2048, 5632) and not int8_kernel_fits(1024, 2048, 5632)
+    assert ternary_kernel_fits(8, 2048, 5632) and not ternary_kernel_fits(8, 2046, 5632)
+    assert grouped_kernel_fits(16, 2048, 5632, 32, 4) and not grouped_kernel_fits(17, 2048, 5632, 32, 4)
+
+
+def test_automatic_choice_is_xla_off_tpu_and_an_unknown_implementation_is_refused():
+    from stejax.lm._configs import CONFIGS
+
+    layer = lowbit_linear(np.ones((64, 32), np.int8), np.ones((32,), np.float32), CONFIGS["w8a8"])
+    assert layer.implementation is None
+    if jax.default_backend() != "tpu":
+        assert layer._kernel(1) is False
+    with pytest.raises(ValueError, match=r"implementation must be one of \(None, 'xla', 'pallas'\); got 'cuda'"):
+        LowBitLinear(
+            "int8",
+            np.ones((4, 4), np.int8),
+            np.ones(4),
+            in_features=4,
+            out_features=4,
+            input_bits=8,
+            implementation="cuda",
+        )
+
+
+# ----------------------------------------------------------------------------- whole models
+
+TINY = LMConfig(context=80, width=32, depth=1, heads=2, hidden=64)
+PROMPTS = (b"def main():", b"x = y + 1\n")
+
+
+@pytest.fixture(scope="module")
+def artifacts(tmp_path_factory):
+    from stejax.lm._export import export_lm
+
+    model = Transformer(TINY, rngs=nnx.Rngs(params=7))
+    root = tmp_path_factory.mktemp("lm_kernels")
+    return {c: export_lm(model, c, root / c) for c in ("float", "w8a8", "w4a8", "w1.58a8")}
+
+
+def _with_kernels(model: nnx.Module) -> nnx.Module:
+    """A copy whose low-bit layers run the Pallas kernels in interpret mode."""
+    copy = nnx.clone(model)
+    for _, module in nnx.iter_modules(copy):
+        if isinstance(module, LowBitLinear):
+            module.implementation, module.interpret = "pallas", True
+    return copy
+
+
+@jax.jit
+def _logits(state, tokens):
+    return nnx.merge(*state)(tokens)
+
+
+@pytest.mark.parametrize(
+    ("config", "form"), [("w8a8", "int8"), ("w1.58a8", "2bit"), ("w1.58a8", "int8"), ("w4a8", "int8")]
+)
+def test_kernel_logits_equal_the_xla_integer_path(artifacts, config, form):
+    from stejax.lm import load_lowbit
+
+    xla = load_lowbit(artifacts[config], ternary=form, implementation="xla").model
+    tokens = jnp.asarray(np.random.default_rng(4).integers(0, 256, (2, 5)), jnp.uint8)
+    want = np.asarray(_logits(nnx.split(xla), tokens))
+    got = np.asarray(_logits(nnx.split(_with_kernels(xla)), tokens))
+    if config == "w4a8":  # group scales: float32 sums of the same terms, rounded apart
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
+    else:
+        np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("config", ["float", "w8a8", "w4a8", "w1.58a8"])
+def test_greedy_bytes_with_kernels_equal_the_per_byte_loop(artifacts, config):
+    from stejax.lm import load_lowbit
+
+    loaded = load_lowbit(artifacts[config], ternary="2bit")
+    key = jax.random.key(0)
+    with jax.debug_key_reuse(False):
+        want = tuple(generate(loaded.reference, p, tokens=48, key=key, temperature=0).tokens for p in PROMPTS)
+    got = decode(_with_kernels(loaded.model), list(PROMPTS), tokens=48, key=key, temperature=0)
+    assert got.texts == want
