@@ -62,7 +62,7 @@ def _digits_cnn(preset: str):
 def test_digits_cnn_parity_and_integer_kernels(tmp_path, preset):
     # Parity does not depend on training: freshly initialised weights, exported and checked bit for bit.
     model, x, want = _digits_cnn(preset)
-    path = write_digits(model, tmp_path / "cnn.onnx", float_model=False, metadata={})
+    path = write_digits(model, tmp_path / "cnn.onnx", float_model=False, metadata={}, conv="integer")
     got = open_runtime(path).run(None, {"features": x})[0]
     assert (got.argmax(1) == want.argmax(1)).all()
     assert np.abs(got - want).max() == 0.0
@@ -82,6 +82,59 @@ def test_digits_cnn_qlinear_convolutions(tmp_path):
     assert not any(ops[op] for op in FLOAT_PRODUCTS), ops
     with pytest.raises(ValueError, match="conv must be one of"):
         write_digits(model, tmp_path / "x.onnx", float_model=False, metadata={}, conv="fast")
+
+
+@pytest.mark.parametrize("preset", ["w8a8", "w4a4"])
+def test_the_default_cnn_export_runs_qlinearconv_within_its_stated_tolerance(tmp_path, preset):
+    # A trained CNN artifact: by default each convolution the next layer quantises to 8 bits is ORT's
+    # QLinearConv (its fast kernel); the export checked the logits against stejax's integer forward first.
+    from stejax.onnx import LOGIT_TOLERANCE
+
+    art = pristine(preset, "cnn", regression=False)
+    out = export_onnx(art.path, tmp_path / "model.onnx")
+    assert out.conv == "qlinear" and out.qlinear_convs, out
+    ops = optimized_ops(out.path)
+    assert ops["QLinearConv"] == len(out.qlinear_convs) and not any(ops[op] for op in FLOAT_PRODUCTS), ops
+    parity = out.parity
+    assert parity is not None and parity.passed and parity.examples == len(art.evidence.inputs)
+    assert parity.tolerance == pytest.approx(LOGIT_TOLERANCE * parity.max_abs_logit)
+    # The check is real: recomputed here from the file ONNX Runtime runs.
+    x = np.asarray(art.evidence.inputs)
+    got, want = open_runtime(out.path).run(None, {"features": x})[0], _logits(art, x)
+    assert np.abs(got - want).max() == pytest.approx(parity.max_abs_diff)
+    assert np.abs(got - want).max() <= parity.tolerance
+    top2 = np.sort(want, axis=1)[:, -2:]
+    differ = got.argmax(1) != want.argmax(1)
+    assert (top2[differ, 1] - top2[differ, 0] <= 2 * parity.max_abs_diff).all()  # only near ties
+    assert parity.agree == int((~differ).sum()) and parity.near_ties == int(differ.sum())
+    props = {p.key: p.value for p in onnx.load(str(out.path)).metadata_props}
+    assert props["stejax.conv"] == "qlinear" and props["stejax.parity"] == parity.summary()
+
+
+def test_conv_integer_keeps_the_bit_exact_graph(tmp_path):
+    art = pristine("w8a8", "cnn", regression=False)
+    out = export_onnx(art.path, tmp_path / "model.onnx", conv="integer")
+    assert out.qlinear_convs == () and out.parity is not None
+    assert out.parity.tolerance == 0 and out.parity.max_abs_diff == 0 and out.parity.agree == out.parity.examples
+    assert "bit for bit" in out.parity.summary()
+    ops = optimized_ops(out.path)
+    assert ops["ConvInteger"] == 2 and ops["QLinearConv"] == 0, ops
+    x = np.asarray(art.evidence.inputs)
+    np.testing.assert_array_equal(open_runtime(out.path).run(None, {"features": x})[0], _logits(art, x))
+    with pytest.raises(ValueError, match=r"conv must be one of \['qlinear', 'integer'\]; got 'fast'"):
+        export_onnx(art.path, tmp_path / "x.onnx", conv="fast")
+
+
+def test_an_export_outside_its_tolerance_is_not_written(tmp_path, monkeypatch):
+    import stejax.onnx._export
+
+    art = pristine("w8a8", "cnn", regression=False)
+    monkeypatch.setattr(stejax.onnx._export, "LOGIT_TOLERANCE", 0.0)  # a bound no QLinearConv graph keeps
+    with pytest.raises(OnnxExportError, match=r"model.onnx: not written; parity with stejax's integer forward"):
+        export_onnx(art.path, tmp_path / "model.onnx")
+    assert list(tmp_path.iterdir()) == []  # no file, no hidden partial one
+    with pytest.raises(OnnxExportError, match=r"conv='integer' \(--conv integer\) writes the bit-exact graph"):
+        export_onnx(art.path, tmp_path / "model.onnx")
 
 
 @pytest.mark.parametrize("preset", ["w4a4", "w2a2"])
@@ -255,10 +308,31 @@ def test_cli_export_format_onnx(tmp_path):
     assert result.exit_code == 0, result.output
     text = " ".join(result.output.split())  # the console wraps long lines
     assert "3 integer products" in text and art.id[:12] in text
+    assert f"parity with stejax's integer forward on {len(art.evidence.inputs)} test inputs" in text
+    assert "bit for bit" in text and "QLinearConv" not in text  # an MLP: no convolution
     again = CliRunner().invoke(main, ["export", "--format", "onnx", str(art.path), str(out)])
     assert again.exit_code == 1 and "never overwritten" in again.output
     wrong = CliRunner().invoke(main, ["export", "--float", str(art.path), str(tmp_path / "a")])
     assert wrong.exit_code == 2 and "go with --format onnx" in wrong.output
+    wrong = CliRunner().invoke(main, ["export", "--conv", "integer", str(art.path), str(tmp_path / "a")])
+    assert wrong.exit_code == 2 and "go with --format onnx" in wrong.output
+
+
+def test_cli_export_cnn_says_what_its_default_graph_trades(tmp_path):
+    from click.testing import CliRunner
+
+    from stejax.cli import main
+
+    art = pristine("w8a8", "cnn", regression=False)
+    result = CliRunner().invoke(main, ["export", "--format", "onnx", str(art.path), str(tmp_path / "m.onnx")])
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    assert "QLinearConv x2" in text and "tolerance 5% of the largest |logit|" in text
+    assert "2 convolution(s) run as ORT's QLinearConv" in text and "--conv integer writes ConvInteger" in text
+    exact = CliRunner().invoke(
+        main, ["export", "--format", "onnx", "--conv", "integer", str(art.path), str(tmp_path / "e.onnx")]
+    )
+    assert exact.exit_code == 0 and "ConvInteger x2" in exact.output and "bit for bit" in exact.output
 
 
 def test_trusted_keys_export_only_signed_artifacts(tmp_path):

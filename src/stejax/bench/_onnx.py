@@ -71,7 +71,7 @@ def _digits_files(model: Any, tmp: Path, name: str) -> dict[str, Path]:
     out = {}
     for float_model in (False, True):
         fmt = weight_format_name(model, float_model=float_model)
-        out[fmt] = write_digits(model, tmp / f"{name}-{fmt}.onnx", float_model=float_model, metadata={})
+        out[fmt] = write_digits(model, tmp / f"{name}-{fmt}.onnx", float_model=float_model, metadata={}, conv="integer")
     if any(layer.kind == "conv" for layer in model.layers):
         out["qlinear"] = write_digits(
             model, tmp / f"{name}-qlinear.onnx", float_model=False, metadata={}, conv="qlinear"
@@ -200,6 +200,8 @@ def onnx_suite(*, repeats: int, warmup: int, quick: bool, results_dir: str | Pat
                 x = np.ascontiguousarray(x_all[:batch])
                 calls = {key: _call(kind, obj, x) for key, (kind, obj, _) in variants.items()}
                 pairs = [("onnxruntime float", "onnxruntime int8"), ("stejax int8", "onnxruntime int8")]
+                if "onnxruntime-qlinearconv int8" in variants:  # the cnn's default graph against float
+                    pairs.append(("onnxruntime float", "onnxruntime-qlinearconv int8"))
                 group = compare(
                     f"{model_name} batch {batch}",
                     calls,
@@ -222,6 +224,13 @@ def onnx_suite(*, repeats: int, warmup: int, quick: bool, results_dir: str | Pat
                             "file_bytes": int(variants[key][2]) or None,
                         }
                     )
+                if model_name == "cnn" and batch == 256:
+                    ratios["cnn_float_over_qlinear"] = float(
+                        group["ratios"]["onnxruntime float/onnxruntime-qlinearconv int8"]["p50"]
+                    )
+                    ratios["cnn_float_over_integer"] = float(
+                        group["ratios"]["onnxruntime float/onnxruntime int8"]["p50"]
+                    )
                 if model_name == mlp_name and batch == 256:
                     # Time ratios of the same round: float / int8 is int8's throughput over float's.
                     ratios["float_over_int8"] = float(group["ratios"]["onnxruntime float/onnxruntime int8"]["p50"])
@@ -234,6 +243,10 @@ def onnx_suite(*, repeats: int, warmup: int, quick: bool, results_dir: str | Pat
         "ort_int8_vs_float_mlp_b256": Figure(a, f"{a:.2f}×", target="≥ 1.5×", met=a >= 1.5),
         "ort_int8_vs_stejax_mlp_b256": Figure(b, f"{b:.2f}×", target="≥ 1.0×", met=b >= 1.0),
     }
+    if "cnn_float_over_qlinear" in ratios:  # not in a quick run
+        c, d = ratios["cnn_float_over_qlinear"], ratios["cnn_float_over_integer"]
+        figures["ort_qlinearconv_vs_float_cnn_b256"] = Figure(c, f"{c:.2f}×", target="≥ 1.0×", met=c >= 1.0)
+        figures["ort_convinteger_vs_float_cnn_b256"] = Figure(d, f"{d:.2f}×")
     if results_dir is not None and not quick:  # a quick run checks the suite; it does not replace the figures
         recorder.write(
             Path(results_dir) / "onnx.json",
@@ -252,7 +265,8 @@ def onnx_suite(*, repeats: int, warmup: int, quick: bool, results_dir: str | Pat
     notes = [
         f"onnxruntime: CPU execution provider, intra_op_num_threads={THREADS}, one inter-op thread, sequential.",
         "The cnn's int4 file is its w4a4 preset: 4-bit hidden weights as ONNX INT4, 8-bit first and last layers.",
-        "onnxruntime-qlinearconv: the cnn exported with conv='qlinear' (ORT's QLinearConv instead of ConvInteger).",
+        "onnxruntime-qlinearconv: the cnn's default export (conv='qlinear', ORT's QLinearConv); its onnxruntime "
+        "int8 row is conv='integer' (ConvInteger, bit for bit stejax's integer forward).",
         "rules-mlp's stejax runtime is the jitted fake-quantised NNX model (stejax has no integer forward for it).",
         f"Throughput ratios at batch 256 on {mlp_name} (median of per-round ratios): ORT float / ORT int8 "
         f"{a:.2f}, stejax int8 / ORT int8 {b:.2f}.",

@@ -13,7 +13,7 @@ from stejax.export._model import flatten_weights
 from stejax.export._packing import unpack_codes
 from stejax.onnx._graph import Graph, OnnxExportError
 
-__all__ = ["digits_graph", "weight_format_name"]
+__all__ = ["CONVS", "digits_graph", "qlinear_convs", "weight_format_name"]
 
 
 def weight_format_name(model: ExportedModel, *, float_model: bool) -> str:
@@ -73,22 +73,36 @@ def _check_exportable(model: ExportedModel) -> None:
             )
 
 
-CONVS = ("integer", "qlinear")
+CONVS = ("qlinear", "integer")
 
 
-def digits_graph(model: ExportedModel, *, float_model: bool, conv: str = "integer") -> tuple[Graph, str]:
+def qlinear_convs(model: ExportedModel) -> tuple[int, ...]:
+    """The layers ``conv="qlinear"`` writes as ORT's QDQ convolution: integer convolutions whose output the next
+    layer quantises to an 8-bit grid (the others stay ``ConvInteger``)."""
+    layers = model.layers
+    return tuple(
+        i
+        for i, layer in enumerate(layers)
+        if layer.kind == "conv" and layer.integer and i + 1 < len(layers) and _eight_bit_grid(layers[i + 1])
+    )
+
+
+def digits_graph(model: ExportedModel, *, float_model: bool, conv: str) -> tuple[Graph, str]:
     """The graph of ``model``: QDQ (``float_model=False``) or float32 weights and activations; and its output name.
 
     Input ``features`` (batch, in_features) float32, raw (the graph standardises
     them with the training normaliser); output ``logits`` (batch, n_classes).
     ``conv="qlinear"``: a convolution whose output the next layer quantises to an
-    8-bit grid is written in ORT's QDQ convolution pattern (fused into ``QLinearConv``):
-    faster, but its bias is int32 codes and its output requantised by ORT, so a code
-    of the next layer can differ by one near a rounding tie.
+    8-bit grid (:func:`qlinear_convs`) is written in ORT's QDQ convolution pattern
+    (fused into ``QLinearConv``): faster, but its bias is int32 codes and its output
+    requantised by ORT, so a code of the next layer can differ by one near a rounding
+    tie. ``conv="integer"``: every integer convolution is ``ConvInteger`` and
+    stejax's float32 rescale, bit for bit stejax's integer forward.
     """
     if conv not in CONVS:
         raise ValueError(f"digits_graph: conv must be one of {list(CONVS)}; got {conv!r}.")
     _check_exportable(model)
+    qlinear = qlinear_convs(model)
     weights = {k: np.asarray(jax.device_get(v)) for k, v in flatten_weights(model.weights).items()}
     g = Graph("stejax_digits_float" if float_model else "stejax_digits_qdq")
     mean = g.const("normalizer/mean", weights["normalizer/mean"], np.float32)
@@ -116,7 +130,7 @@ def digits_graph(model: ExportedModel, *, float_model: bool, conv: str = "intege
         b = np.asarray(p["b"], np.float32)
         if layer.kind == "conv" and layer.integer and not float_model:
             codes = codes_in if codes_in is not None else _quantise_input(g, layer, p, u, hint)
-            if conv == "qlinear" and nxt is not None and _eight_bit_grid(nxt):
+            if conv == "qlinear" and i in qlinear and nxt is not None:
                 p_next = {k.split("/")[-1]: v for k, v in weights.items() if k.startswith(f"layers/{i + 1}/")}
                 z, pending = _qlinear_conv(g, layer, p, codes, w_onnx, b, nxt, p_next, hint)
             else:

@@ -10,10 +10,88 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from stejax.onnx._digits import digits_graph, weight_format_name
-from stejax.onnx._graph import save_model
+import numpy as np
 
-__all__ = ["OnnxExport", "export_onnx", "load_source", "write_digits"]
+from stejax.onnx._digits import CONVS, digits_graph, qlinear_convs, weight_format_name
+from stejax.onnx._graph import OnnxExportError, save_model
+
+__all__ = ["LOGIT_TOLERANCE", "OnnxExport", "OnnxParity", "digits_proto", "export_onnx", "load_source", "write_digits"]
+
+# The stated parity of a graph with QLinearConv nodes against stejax's integer forward, checked at export on
+# the artifact's parity inputs: every logit within this fraction of the largest |logit|, and the same class
+# except at a near tie. A graph without them (conv="integer", or a model with no convolution) is checked bit
+# for bit.
+LOGIT_TOLERANCE = 0.05
+
+
+@dataclasses.dataclass(frozen=True)
+class OnnxParity:
+    """An exported file's logits in ONNX Runtime against stejax's integer forward, on the artifact's parity inputs.
+
+    Attributes:
+      examples: the inputs compared (the artifact's parity set: its test split).
+      agree: examples whose predicted class is the same.
+      near_ties: examples whose class differs where stejax's two largest logits are closer than twice
+        ``max_abs_diff`` (a difference within the tolerance can swap them).
+      max_abs_diff: the largest |logit difference|.
+      max_abs_logit: the largest |logit| stejax computes.
+      tolerance: the bound ``max_abs_diff`` must keep: 0 for a bit-exact graph, else
+        :data:`LOGIT_TOLERANCE` times ``max_abs_logit``.
+      accuracy: (stejax's, ONNX Runtime's) accuracy on the parity set's labels.
+    """
+
+    examples: int
+    agree: int
+    near_ties: int
+    max_abs_diff: float
+    max_abs_logit: float
+    tolerance: float
+    accuracy: tuple[float, float]
+
+    @property
+    def passed(self) -> bool:
+        """Every logit within the tolerance, and every differing class a near tie."""
+        return self.max_abs_diff <= self.tolerance and self.agree + self.near_ties == self.examples
+
+    def summary(self) -> str:
+        """One line: the classes, the logits against the tolerance, the accuracies."""
+        if self.tolerance == 0:
+            bound = "bit for bit" if self.max_abs_diff == 0 else "expected bit for bit"
+        else:
+            bound = (
+                f"tolerance {LOGIT_TOLERANCE:.0%} of the largest |logit| {self.max_abs_logit:.3g}: {self.tolerance:.3g}"
+            )
+        ties = f" ({self.near_ties} other(s) at a near tie)" if self.near_ties else ""
+        return (
+            f"parity with stejax's integer forward on {self.examples} test inputs: the same class for "
+            f"{self.agree}{ties}; max |logit difference| {self.max_abs_diff:.3g} ({bound}); accuracy "
+            f"{100 * self.accuracy[0]:.2f}% (stejax) and {100 * self.accuracy[1]:.2f}% (ONNX Runtime)"
+        )
+
+
+def _parity(proto: Any, artifact: Any, *, exact: bool) -> OnnxParity:
+    """Run ``proto`` in ONNX Runtime on the artifact's parity inputs and compare with stejax's integer forward."""
+    from stejax.onnx._runtime import open_runtime
+
+    x = np.asarray(artifact.evidence.inputs, np.float32)
+    labels = np.asarray(artifact.evidence.labels)
+    want = np.asarray(artifact.model.apply(artifact.model.weights, x), np.float32)
+    got = np.asarray(open_runtime(proto.SerializeToString()).run(None, {"features": x})[0], np.float32)
+    diff = np.abs(got.astype(np.float64) - want.astype(np.float64))
+    max_diff = float(diff.max(initial=0.0))
+    top2 = np.sort(want, axis=1)[:, -2:] if want.shape[1] > 1 else np.zeros((len(want), 2), np.float32)
+    same = got.argmax(1) == want.argmax(1)
+    near = ~same & (top2[:, 1] - top2[:, 0] <= 2 * max_diff)
+    scale = float(np.abs(want).max(initial=0.0))
+    return OnnxParity(
+        examples=len(x),
+        agree=int(same.sum()),
+        near_ties=int(near.sum()),
+        max_abs_diff=max_diff,
+        max_abs_logit=scale,
+        tolerance=0.0 if exact else LOGIT_TOLERANCE * scale,
+        accuracy=(float((want.argmax(1) == labels).mean()), float((got.argmax(1) == labels).mean())),
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,6 +104,9 @@ class OnnxExport:
       weights: ``"int8"``, ``"int4"`` or ``"float"``.
       file_bytes: the file's size.
       metadata: the ``metadata_props`` written into the file.
+      conv: how integer convolutions were written (``"qlinear"`` or ``"integer"``).
+      qlinear_convs: the layers written as ORT's ``QLinearConv`` (empty: the graph is bit-exact).
+      parity: the check made before writing (None for the float32 network).
     """
 
     path: Path
@@ -33,6 +114,9 @@ class OnnxExport:
     weights: str
     file_bytes: int
     metadata: dict[str, str]
+    conv: str = "qlinear"
+    qlinear_convs: tuple[int, ...] = ()
+    parity: OnnxParity | None = None
 
 
 def load_source(source: str | os.PathLike, *, trusted_keys: Iterable[str | os.PathLike] = ()) -> Any:
@@ -83,9 +167,9 @@ def export_onnx(
     *,
     float_model: bool = False,
     trusted_keys: Iterable[str | os.PathLike] = (),
-    conv: str = "integer",
+    conv: str = "qlinear",
 ) -> OnnxExport:
-    r"""Write a digits model (an artifact, or a run) as an ONNX file for ONNX Runtime.
+    r"""Write a digits model (an artifact, or a run) as an ONNX file for ONNX Runtime, its parity checked first.
 
     The quantised graph is in QDQ form: integer weight initializers (int8; 2..4-bit
     codes as ONNX INT4; binary codes as int8 :math:`\pm 1`) with their float32 scales
@@ -94,12 +178,19 @@ def export_onnx(
     for signed grids, uint8 after a ReLU), a ``Clip`` of the codes when the grid is
     narrower than the type, and ``DequantizeLinear``. ONNX Runtime's CPU execution
     provider fuses the products into integer kernels (``MatMulIntegerToFloat``,
-    ``QLinearConv``). With ``float_model=True``: the same network with the
+    ``QLinearConv``, ``ConvInteger``). With ``float_model=True``: the same network with the
     dequantised float32 weights and float activations (for size and speed
     comparisons: it does not quantise activations).
 
+    Before the file is written, ONNX Runtime runs the quantised graph on the
+    artifact's parity inputs (its test split) beside stejax's integer forward
+    (:class:`OnnxParity`): a graph with ``QLinearConv`` nodes must keep every
+    logit within :data:`LOGIT_TOLERANCE` of the largest |logit| and the same class
+    except at a near tie; any other graph must agree bit for bit. A graph that
+    fails is not written (:class:`~stejax.onnx.OnnxExportError`).
+
     The source is verified first (:func:`load_source`); the file records the source
-    artifact's id and weight-file sha256 in ``metadata_props`` and is written
+    artifact's id and weight-file sha256 and the parity in ``metadata_props`` and is written
     atomically (never over an existing file).
 
     Args:
@@ -107,21 +198,25 @@ def export_onnx(
       out: the ONNX file to create.
       float_model: write the float32 network instead of the QDQ one.
       trusted_keys: PEM public keys; when given, only an artifact one of them signed is read.
-      conv: ``"integer"`` (default): convolutions as ``ConvInteger`` and stejax's float32
-        rescale, bit for bit stejax's integer forward; ``"qlinear"``: a convolution whose
-        output the next layer quantises to an 8-bit grid in ORT's QDQ convolution
-        pattern (``QLinearConv``): much faster on ORT's CPU kernels, but its bias is
-        int32 codes and ORT requantises its output, so a code can differ by one near
-        a rounding tie.
+      conv: ``"qlinear"`` (default): each integer convolution whose output the next layer
+        quantises to an 8-bit grid in ORT's QDQ convolution pattern (``QLinearConv``), the
+        fast one on ORT's CPU kernels; its bias is int32 codes and ORT requantises its
+        output, so a next-layer code can differ by one near a rounding tie (the stated
+        tolerance above). ``"integer"``: convolutions as ``ConvInteger`` and stejax's float32
+        rescale, bit for bit stejax's integer forward, and many times slower in ORT.
 
     Returns:
       An :class:`OnnxExport`.
 
     Raises:
       FileExistsError: ``out`` exists.
-      stejax.onnx.OnnxExportError: a layer with no faithful ONNX form (named).
+      stejax.onnx.OnnxExportError: a layer with no faithful ONNX form (named), or a graph
+        whose parity check fails (the figures, and ``conv="integer"`` when it had ``QLinearConv`` nodes).
+      ValueError: an unknown ``conv``.
       stejax.artifacts.ArtifactError, stejax.artifacts.SignatureError: see :func:`load_source`.
     """
+    if conv not in CONVS:
+        raise ValueError(f"export_onnx: conv must be one of {list(CONVS)}; got {conv!r}.")
     out = Path(out)
     if out.exists() or out.is_symlink():
         raise FileExistsError(f"{out} exists; an exported ONNX file is never overwritten.")
@@ -134,15 +229,36 @@ def export_onnx(
         "stejax.source_weights_sha256": str(files.get("weights.safetensors", {}).get("sha256", "")),
         "stejax.quantization": str(artifact.manifest.get("quantization", {}).get("preset", "")),
     }
-    path = write_digits(model, out, float_model=float_model, metadata=metadata, conv=conv)
-    metadata = {**metadata, "stejax.weights": weights, "stejax.graph": "float" if float_model else "qdq"}
-    return OnnxExport(path, artifact.id, weights, path.stat().st_size, metadata)
+    qlinear = () if float_model or conv != "qlinear" else qlinear_convs(model)
+    parity = None
+    if float_model:
+        proto = digits_proto(model, float_model=True, metadata=metadata, conv=conv)
+    else:
+        proto = digits_proto(model, float_model=False, metadata=metadata, conv=conv)
+        parity = _parity(proto, artifact, exact=not qlinear)
+        if not parity.passed:
+            instead = " conv='integer' (--conv integer) writes the bit-exact graph." if qlinear else ""
+            raise OnnxExportError(f"{out}: not written; {parity.summary()}.{instead}")
+        metadata["stejax.parity"] = parity.summary()
+        _set_props(proto, {"stejax.parity": metadata["stejax.parity"]})
+    path = save_model(proto, out)
+    metadata = {
+        **metadata,
+        "stejax.weights": weights,
+        "stejax.graph": "float" if float_model else "qdq",
+        "stejax.conv": conv,
+    }
+    return OnnxExport(path, artifact.id, weights, path.stat().st_size, metadata, conv, qlinear, parity)
 
 
-def write_digits(
-    model: Any, out: str | os.PathLike, *, float_model: bool, metadata: dict[str, str], conv: str = "integer"
-) -> Path:
-    """Write an :class:`stejax.export.ExportedModel` (already verified) as an ONNX file; ``metadata`` is added."""
+def _set_props(proto: Any, props: dict[str, str]) -> None:
+    for key, value in props.items():
+        entry = proto.metadata_props.add()
+        entry.key, entry.value = key, value
+
+
+def digits_proto(model: Any, *, float_model: bool, metadata: dict[str, str], conv: str) -> Any:
+    """The checked ``onnx.ModelProto`` of an :class:`stejax.export.ExportedModel`; ``metadata`` is added."""
     from onnx import TensorProto
 
     graph, logits = digits_graph(model, float_model=float_model, conv=conv)
@@ -152,10 +268,15 @@ def write_digits(
         "stejax.graph": "float" if float_model else "qdq",
         "stejax.conv": conv,
     }
-    proto = graph.model(
+    return graph.model(
         [("features", TensorProto.FLOAT, ("batch", model.input_shape[0]))],
         [(logits, TensorProto.FLOAT, ("batch", model.n_classes))],
         props,
         doc="stejax digits model: raw float32 features in, float32 logits out.",
     )
-    return save_model(proto, out)
+
+
+def write_digits(model: Any, out: str | os.PathLike, *, float_model: bool, metadata: dict[str, str], conv: str) -> Path:
+    """Write an :class:`stejax.export.ExportedModel` (already verified) as an ONNX file, unchecked; see
+    :func:`digits_proto`."""
+    return save_model(digits_proto(model, float_model=float_model, metadata=metadata, conv=conv), out)
