@@ -189,8 +189,52 @@ def test_bench_by_default_runs_the_suites_whose_extras_are_installed(monkeypatch
     assert ran == [("estimators",)]
     output = " ".join(result.output.split())
     for suite, extra in [("train", "train"), ("inference", "train"), ("peers", "peers"), ("onnx", "onnx")]:
-        assert f"not run: the {suite} suite needs pip install 'stejax[{extra}]'" in output, output
-    assert "lm-decode suite needs pip install 'stejax[flax]'" in output
+        assert f"not run: the {suite} suite, which needs pip install 'stejax[{extra}]'." in output, output
+    assert "not run: the lm-decode suite, which needs pip install 'stejax[flax]'." in output
+
+
+_ONLY_CLI = """
+import importlib.abc, importlib.util, sys
+
+# What `pip install 'stejax[cli]'` leaves out: every other extra's modules.
+BLOCKED = {"optax", "sklearn", "safetensors", "scipy", "flax", "qwix", "spyx", "onnx", "onnxruntime", "gguf"}
+
+
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] in BLOCKED:
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+
+sys.meta_path.insert(0, Block())
+find_spec = importlib.util.find_spec
+importlib.util.find_spec = lambda name, *a: None if name.partition(".")[0] in BLOCKED else find_spec(name, *a)
+from stejax.cli import main
+
+main(["--no-compile-cache", "bench", "--quick", "--estimator", "round_ste", "--repeats", "2", "--out", sys.argv[1]])
+"""
+
+
+def test_bench_by_default_runs_with_only_the_cli_extra(tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "only_cli.py"
+    script.write_text(_ONLY_CLI, encoding="utf-8")
+    done = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "not run: the train suite, which needs pip install 'stejax[train]'." in done.stdout
+    report = json.loads((tmp_path / "out" / "bench.json").read_text())
+    assert list(report["suites"]) == ["estimators"] and report["suites"]["estimators"]["status"] == "ok"
 
 
 def test_bench_suite_all_still_runs_every_suite(monkeypatch, tmp_path):

@@ -318,6 +318,16 @@ def test_cli_export_format_onnx(tmp_path):
     assert wrong.exit_code == 2 and "go with --format onnx" in wrong.output
 
 
+def test_the_export_help_states_the_checked_tolerance():
+    from click.testing import CliRunner
+
+    from stejax.cli import main
+    from stejax.onnx import LOGIT_TOLERANCE
+
+    text = " ".join(CliRunner().invoke(main, ["export", "--help"]).output.split())
+    assert f"within {LOGIT_TOLERANCE:.0%} of the largest |logit|" in text and "qlinear (default)" in text
+
+
 def test_cli_export_cnn_says_what_its_default_graph_trades(tmp_path):
     from click.testing import CliRunner
 

@@ -104,9 +104,7 @@ def bench_command(
         suites = tuple(name for name, extra in left_out.items() if extra is None)
         for name, extra in left_out.items():
             if extra is not None:
-                console.print(
-                    Text(f"not run: the {name} suite needs pip install 'stejax[{extra}]' (or give --suite {name}).")
-                )
+                console.print(Text(f"not run: the {name} suite, which needs pip install 'stejax[{extra}]'."))
 
     def on_event(event: Mapping[str, Any]) -> None:
         console.print(Text(f"running the {event['suite']} suite ..."))
