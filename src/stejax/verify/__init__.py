@@ -76,6 +76,9 @@ from stejax.verify._catalog import check_estimator as check_estimator
 from stejax.verify._checks import CHECK_KINDS as CHECK_KINDS
 from stejax.verify._checks import COMPOSITION_CHECKS as COMPOSITION_CHECKS
 from stejax.verify._load import load_callable as load_callable
+from stejax.verify._products import ProductCheck as ProductCheck
+from stejax.verify._products import check_integer_product as check_integer_product
+from stejax.verify._products import gradient_error as gradient_error
 from stejax.verify._report import CatalogReport as CatalogReport
 from stejax.verify._report import Check as Check
 from stejax.verify._report import Report as Report
@@ -87,10 +90,13 @@ __all__ = [
     "COMPOSITION_CHECKS",
     "CatalogReport",
     "Check",
+    "ProductCheck",
     "Report",
     "check_catalog",
     "check_estimator",
+    "check_integer_product",
     "check_surrogate",
+    "gradient_error",
     "load_callable",
     "write_report",
 ]
