@@ -235,3 +235,34 @@ def test_the_lm_decode_rows_figures_results_file_and_plot(artifacts, tmp_path):
     )
     assert load_results(tmp_path / "lm_decode.json")["rows"] == doc["rows"]
     assert plot(public, tmp_path / "lm_decode.png").stat().st_size > 0
+
+
+def _primitives(jaxpr: Any, into: dict[str, int]) -> dict[str, int]:
+    for eqn in jaxpr.eqns:
+        into[eqn.primitive.name] = into.get(eqn.primitive.name, 0) + 1
+        for param in eqn.params.values():
+            for sub in param if isinstance(param, (list, tuple)) else (param,):
+                inner = getattr(sub, "jaxpr", None)
+                if inner is not None:
+                    _primitives(getattr(inner, "jaxpr", inner), into)
+    return into
+
+
+def test_the_decode_loop_writes_every_row_at_once():
+    # Per-row cache writes were scatters (one per row, layer, keys and values) inside the loop: none now.
+    from stejax.lm import _decode
+
+    model = Transformer(LMConfig(context=32, width=32, depth=2, heads=2, hidden=64), rngs=nnx.Rngs(0))
+    graphdef, state = nnx.split(model)
+    batch = 4
+    keys = jax.random.split(jax.random.key(0), (batch, 32))
+    cache = _decode.init_cache(model.config, batch)
+    table, lengths = _decode._stop_table(b"ab")
+    args = (state, cache, jnp.zeros(batch, jnp.int32), jnp.full(batch, 3, jnp.int32), jnp.int32(16))
+    args += (jnp.ones(batch, bool), jnp.int32(5), keys, (jnp.float32(0), jnp.int32(256), jnp.float32(1)))
+    jaxpr = jax.make_jaxpr(lambda *a: _decode._decode_loop.__wrapped__(graphdef, *a))(*args, table, lengths)
+    loops = [e for e in jaxpr.jaxpr.eqns if e.primitive.name == "while"]
+    assert len(loops) == 1
+    body = _primitives(loops[0].params["body_jaxpr"].jaxpr, {})
+    assert body.get("scatter", 0) == 0 and body.get("scatter-add", 0) == 0
+    assert body["dynamic_update_slice"] == 2 * 2 + 1  # keys and values of each block, and the new bytes
