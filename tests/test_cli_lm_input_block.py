@@ -106,3 +106,26 @@ def test_check_input_block_names_both_widths_and_what_fits():
     check_input_block(DEFAULT, None)
     with pytest.raises(ValueError, match=r"inputs of 48 values .* and 160 .*; no llama.cpp block \(32 or 256\) fits"):
         check_input_block(LMConfig(width=48, heads=2, hidden=160), 32)
+
+
+def test_lm_export_of_a_per_token_run_says_it_will_not_match_llamacpp(tmp_path):
+    import json
+
+    from flax import nnx
+
+    from stejax.lm import Transformer
+    from stejax.lm._train import save_checkpoint
+
+    arch = LMConfig(context=16, width=32, depth=1, heads=2, hidden=64, norms="llama")
+    run = tmp_path / "run"
+    run.mkdir()
+    save_checkpoint(Transformer(arch, rngs=nnx.Rngs(params=0)), run / "params.safetensors")
+    for block, noted in ((None, True), (32, False)):
+        record = {"model": arch.to_dict(), "config": "w8a8", "input_block": block}
+        (run / "config.json").write_text(json.dumps(record), encoding="utf-8")
+        result = CliRunner().invoke(main, ["lm", "export", str(run), str(tmp_path / f"artifact-{block}")])
+        assert result.exit_code == 0, result.output
+        text = _one_line(result.output)
+        assert ("note: a GGUF export of this run will not match llama.cpp exactly" in text) == noted, text
+        if noted:
+            assert "this run uses one scale per token; to match, train with --input-block auto." in text

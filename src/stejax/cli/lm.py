@@ -214,15 +214,14 @@ def train_command(
 def _with_input_block(config: Any, choice: str, model: Any) -> tuple[Any, list[str]]:
     """``config`` with the input block ``--input-block`` names, checked against the architecture ``model``.
 
-    Returns the configuration and what the run's output says about its GGUF export: nothing when
-    llama.cpp will quantise every product's input as the model does, else how it differs and how to match.
+    Returns the configuration and what the run's output says about its GGUF export (:func:`_gguf_notes`).
     """
     from stejax.lm._gguf import GGUFError, check_input_block, llamacpp_input_blocks
 
     try:
-        blocks, no_gguf = llamacpp_input_blocks(model, config), ""
-    except GGUFError as e:
-        blocks, no_gguf = (), str(e)
+        blocks = llamacpp_input_blocks(model, config)
+    except GGUFError:
+        blocks = ()
     if choice == "auto":
         # Two blocks: ternary tensors whose rows are multiples of 256 (TQ2_0) and others (Q4_0); with 32,
         # an export with --ternary Q4_0 matches every one. Integer products scale their inputs per token.
@@ -235,27 +234,38 @@ def _with_input_block(config: Any, choice: str, model: Any) -> tuple[Any, list[s
         config = config.with_input_block(block)
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="--input-block") from None
+    return config, _gguf_notes(config, model)
+
+
+def _gguf_notes(config: Any, model: Any) -> list[str]:
+    """What a run's output says about its GGUF export: nothing when llama.cpp will quantise every quantised
+    product's input as the model does, else how it differs and how to make it match."""
+    from stejax.lm._gguf import GGUFError, llamacpp_input_blocks
+
     if config.input_bits is None:
-        return config, []
-    if no_gguf:
-        return config, [f"no GGUF export for llama.cpp: {no_gguf}"]
-    ours = "one scale per token" if block is None else f"blocks of {block}"
+        return []
+    try:
+        blocks = llamacpp_input_blocks(model, config)
+    except GGUFError as e:
+        return [f"no GGUF export for llama.cpp: {e}"]
+    block = config.input_block
     if len(blocks) == 2 and block == 32:
-        return config, [
+        return [
             "`stejax lm export --format gguf` writes ternary tensors whose rows are multiples of 256 as TQ2_0, "
             "whose inputs llama.cpp quantises per block of 256, not 32; export with --ternary Q4_0 for a file "
             "that computes exactly what this model computes."
         ]
     if blocks != (block,):
+        ours = "one scale per token" if block is None else f"blocks of {block}"
         theirs = " and ".join(map(str, blocks))
         how = "train with --input-block auto" + (" and export with --ternary Q4_0" if len(blocks) == 2 else "")
         if getattr(config, "product", "fake-quant") != "fake-quant":  # integer products scale per token
             how += " and fake-quant products"
-        return config, [
+        return [
             f"a GGUF export of this run will not match llama.cpp exactly: llama.cpp quantises the quantised "
             f"products' inputs per block of {theirs}, and this run uses {ours}; to match, {how}."
         ]
-    return config, []
+    return []
 
 
 @lm_group.command("compare", short_help="Train and compare float and every quantised configuration.")
@@ -427,6 +437,8 @@ def export_command(run: Path, out: Path, format_: str, ternary: str) -> None:
             f"packed codes {size['codes']} bytes, float32 {size['float32']} bytes"
         )
     )
+    for note in _gguf_notes(config, model.config):
+        console.print(Text(f"note: {note}"))
 
 
 def _export_gguf(source: Path, out: Path, ternary: str) -> None:
