@@ -297,8 +297,46 @@ def mesh_work(out: dict) -> None:
     out["trajectory"] = {}
     _estimators(out)
     _trajectories(out)
+    _integer_products(out)
     with tempfile.TemporaryDirectory() as tmp:
         _training(out, Path(tmp))
+
+
+def _integer_products(out: dict) -> None:
+    """The LM with int8 products forward and backward (w8a8_int8): loss and gradient, batch split 8 ways."""
+    import jax
+    import jax.numpy as jnp
+    import optax
+    from flax import nnx
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from stejax.lm import LMConfig, Transformer, quantize_lm
+    from stejax.train import data_mesh
+
+    config = LMConfig(context=16, width=32, depth=1, heads=2, hidden=64, norms="llama")
+    model = quantize_lm(Transformer(config, rngs=nnx.Rngs(params=0)), "w8a8_int8")
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    tokens = np.random.default_rng(0).integers(0, 256, (ROWS, config.context + 1)).astype(np.uint8)
+
+    @jax.jit
+    def loss_and_grad(p, tokens):
+        def loss(p):
+            logits = nnx.merge(graphdef, p, rest)(tokens[:, :-1])
+            return optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:].astype(jnp.int32)).mean()
+
+        return jax.value_and_grad(loss)(p)
+
+    mesh = data_mesh(N_DEVICES)
+    one_loss, one_grad = loss_and_grad(params, jnp.asarray(tokens))
+    split = jax.device_put(tokens, NamedSharding(mesh, PartitionSpec(mesh.axis_names[0])))
+    eight_loss, eight_grad = loss_and_grad(jax.device_put(params, NamedSharding(mesh, PartitionSpec())), split)
+    a = np.concatenate([np.ravel(g) for g in jax.tree.leaves(one_grad)])
+    b = np.concatenate([np.ravel(np.asarray(g)) for g in jax.tree.leaves(eight_grad)])
+    out["integer_products"] = {
+        "loss_rel": abs(float(eight_loss) / float(one_loss) - 1),
+        "grad_rel": float(np.linalg.norm(b - a) / np.linalg.norm(a)),
+        "shards": len(split.sharding.device_set),
+    }
 
 
 # ----------------------------------------------------------------------------- the tests
@@ -343,6 +381,15 @@ def test_train_on_eight_devices_matches_one_device(results):
     assert (eight["devices"], eight["param_sharding"], one["devices"]) == (N_DEVICES, "replicated", 1)
     # The returned parameters are ordinary one-device arrays, as without a mesh.
     assert eight["params_on"] == one["params_on"] and "," not in eight["params_on"][0]
+
+
+def test_integer_products_on_eight_devices_give_the_one_device_loss(results):
+    # Per-token and per-channel scales and the integer sums do not depend on the split; the per-column
+    # cotangent scale is a max over the batch (exact in any order); only float sums are reordered.
+    run = results["integer_products"]
+    assert run["shards"] == N_DEVICES
+    assert run["loss_rel"] <= STEP_LOSS_RTOL, run
+    assert run["grad_rel"] <= 1e-5, run
 
 
 def test_a_one_device_mesh_is_bitwise_the_plain_run(results):
