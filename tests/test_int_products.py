@@ -219,3 +219,32 @@ def test_integer_training_reaches_the_fake_quant_bits_per_byte(corpus):
     integer = _train_bpb(lm_quant("w8a8", product="int8"), train, validation)
     assert fake < 6.0  # it learned: uniform bytes are 8 bits
     assert abs(integer - fake) <= 0.02 * fake, (integer, fake)
+
+
+# ----------------------------------------------------------------------------- the command line
+
+
+def test_lm_train_takes_a_product(tmp_path, monkeypatch):
+    import click
+    from click.testing import CliRunner
+
+    import stejax.lm
+    from stejax.cli import main
+
+    seen = []
+
+    def stop(model, config):
+        seen.append(config)
+        raise click.ClickException("stopped before training")
+
+    monkeypatch.setattr(stejax.lm, "Transformer", lambda config, rngs: None)  # no model is built
+    monkeypatch.setattr(stejax.lm, "quantize_lm", stop)
+    monkeypatch.setattr(stejax.lm, "build_corpus", lambda corpus: None)
+    run = ["lm", "train", "--out", str(tmp_path / "run")]
+    result = CliRunner().invoke(main, [*run, "--preset", "w1.58a8", "--product", "int8"])
+    assert result.exit_code == 1 and "stopped before training" in result.output, result.output
+    (config,) = seen
+    assert (config.product, config.input_block) == ("int8", None)  # integer products scale inputs per token
+    refused = CliRunner().invoke(main, [*run, "--preset", "w4a8", "--product", "int8"])
+    assert refused.exit_code == 2 and "Invalid value for --product" in refused.output, refused.output
+    assert "integer products take int8 per-channel or ternary weights" in " ".join(refused.output.split())
