@@ -155,11 +155,11 @@ def train_command(
             model_config = LMConfig(context=context, width=width, depth=depth, heads=heads, hidden=hidden, norms=norms)
         except ValueError as e:
             raise click.BadParameter(str(e)) from None
-    # Last among the configuration's changes: auto depends on the rest (integer products scale per token).
     try:
         config = CONFIGS[config_name].with_product(product)
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="--product") from None
+    # Last among the configuration's changes: auto depends on the rest (integer products scale per token).
     config, gguf_notes = _with_input_block(config, input_block, model_config)
     data = build_corpus(corpus)
     k_init, k_train = keys.split(jax.random.key(seed), where="stejax lm train")
