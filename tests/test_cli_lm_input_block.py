@@ -129,3 +129,9 @@ def test_lm_export_of_a_per_token_run_says_it_will_not_match_llamacpp(tmp_path):
         assert ("note: a GGUF export of this run will not match llama.cpp exactly" in text) == noted, text
         if noted:
             assert "this run uses one scale per token; to match, train with --input-block auto." in text
+
+
+def test_auto_leaves_integer_products_per_token():
+    config, (note,) = _with_input_block(CONFIGS["w8a8"].with_product("int8"), "auto", DEFAULT)
+    assert config.input_block is None and config.product == "int8"
+    assert note.endswith("to match, train with --input-block auto and fake-quant products."), note
