@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test lint docs bench clean llamacpp
+.PHONY: setup demo test test-device lint docs bench clean llamacpp
 
 setup: $(STAMP)
 
@@ -39,6 +39,13 @@ demo: setup
 test: setup
 	$(MAKE) --no-print-directory --jobs=2 --output-sync=target lint docs
 	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -n 2 -q
+
+# The numerics suite on an accelerator (docs/platforms.md): one process, on the device JAX picks, with the JAX
+# installed where it runs (a TPU or GPU build of jax; `make setup` installs the CPU one). Tests that need what the
+# device lacks are selected out with their reason; the counts are printed (and written with --results DIR).
+DEVICE_PYTHON ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON))
+test-device:
+	$(DEVICE_PYTHON) benchmarks/device_suite.py $(DEVICE_SUITE_ARGS)
 
 # `make test` runs exactly this first, so lint cannot drift from CI.
 lint: setup

@@ -29,10 +29,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=30, help="interleaved timed rounds per estimator")
     parser.add_argument("--warmup", type=int, default=3, help="untimed calls per variant first")
     parser.add_argument("--results", type=Path, default=Path("docs/results"), metavar="DIR", help="where to write")
+    parser.add_argument(
+        "--name", default="estimators", help="the results file's name (e.g. estimators_tpu for an accelerator's file)"
+    )
     options = parser.parse_args(argv)
     recorder = Recorder(
-        "estimators",
-        command=f"python benchmarks/estimators.py --repeats {options.repeats} --warmup {options.warmup}",
+        options.name,
+        command=f"python benchmarks/estimators.py --repeats {options.repeats} --warmup {options.warmup}"
+        + ("" if options.name == "estimators" else f" --name {options.name}"),
     )
     suite = estimators_suite(repeats=options.repeats, warmup=options.warmup, size=2**18)
     rows = []
@@ -58,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     faster = sum(v <= TARGET_VS_STOP_GRADIENT for v in vs_sg)
     median_sg = statistics.median(vs_sg)
     recorder.write(
-        options.results / "estimators.json",
+        options.results / f"{options.name}.json",
         rows=rows,
         columns=[
             ("estimator", "estimator"),
@@ -81,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
             "of variants timed in the same round. The stop_gradient form computes the same gradient (checked)."
         ),
     )
-    print(f"wrote {options.results / 'estimators.json'}: median ours/stop_gradient {median_sg:.3f}")
+    print(f"wrote {options.results / (options.name + '.json')}: median ours/stop_gradient {median_sg:.3f}")
     return 0
 
 

@@ -20,15 +20,24 @@ from pathlib import Path
 
 from stejax.bench.results import Figure, Recorder
 from stejax.estimators.catalog import CATALOG, FAMILIES
-from stejax.verify import check_catalog
+from stejax.verify import check_catalog, write_report
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--results", type=Path, default=Path("docs/results"), metavar="DIR", help="where to write")
+    parser.add_argument(
+        "--name",
+        default="verify_catalog",
+        help="the results file's name (verify_catalog_tpu on a TPU)",
+    )
+    parser.add_argument("--report", type=Path, default=None, metavar="DIR", help="also write the verifier's report")
     options = parser.parse_args(argv)
-    recorder = Recorder("verify_catalog", command="python benchmarks/verify_catalog.py")
+    parser_name = "" if options.name == "verify_catalog" else f" --name {options.name}"
+    recorder = Recorder(options.name, command=f"python benchmarks/verify_catalog.py{parser_name}")
     reports = check_catalog()
+    if options.report is not None:
+        write_report(reports, options.report)
     rows = []
     for name, report in reports.items():
         passed = sum(c.passed for c in report.checks)
@@ -47,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     passed = sum(r["passed"] for r in rows)
     families = len({r["family"] for r in rows})
     recorder.write(
-        options.results / "verify_catalog.json",
+        options.results / f"{options.name}.json",
         rows=rows,
         columns=[
             ("estimator", "estimator"),
@@ -66,7 +75,8 @@ def main(argv: list[str] | None = None) -> int:
         notes=f"check_catalog() with its defaults (float16, bfloat16, float32); families: {', '.join(FAMILIES)}.",
     )
     print(
-        f"wrote {options.results / 'verify_catalog.json'}: {members_ok}/{len(rows)} members, {passed}/{checks} checks"
+        f"wrote {options.results / (options.name + '.json')}: {members_ok}/{len(rows)} members, "
+        f"{passed}/{checks} checks"
     )
     return 0 if members_ok == len(rows) else 1
 

@@ -26,6 +26,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from stejax.verify import platform_contract
+
 from helpers import no_persistent_cache
 
 # As equinox does: no silent dtype or rank promotion anywhere in the suite.
@@ -59,6 +61,28 @@ jax.config.update(
 )
 
 FLOAT_DTYPES = (np.float16, ml_dtypes.bfloat16, np.float32)
+
+# On an accelerator (``make test-device``): the platform contract decides what runs and what is expected.
+CONTRACT = platform_contract()
+if CONTRACT.platform != "cpu":
+    # float32 references (NumPy, the exported integer forward, cached against uncached decoding) hold at float32
+    # products; the backend's default precision is another contract entry, tested in test_platform.py.
+    jax.config.update("jax_default_matmul_precision", "highest")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Select out, with a reason that names it, what the backend under test cannot give a test."""
+    if CONTRACT.platform == "cpu":
+        return
+    for item in items:
+        if item.get_closest_marker("needs_float64") is not None and not CONTRACT.float64:
+            reason = f"needs float64 programs, which {CONTRACT.platform} cannot compile"
+            item.add_marker(pytest.mark.skip(reason=reason))
+        cpu = item.get_closest_marker("needs_cpu")
+        if cpu is not None:
+            what = cpu.args[0] if cpu.args else "the CPU test machine"
+            item.add_marker(pytest.mark.skip(reason=f"needs {what}, which the {CONTRACT.platform} suite does not run"))
+
 
 # Helper modules of tests/ whose results are cached per process -> the unit their users share
 # (signing_support builds on artifact_runs). A module that imports several goes with the first listed.

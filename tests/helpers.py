@@ -8,6 +8,8 @@ from collections.abc import Iterator
 import jax
 import numpy as np
 
+from stejax.verify import flush_subnormal_inputs, platform_contract
+
 
 @contextlib.contextmanager
 def no_persistent_cache() -> Iterator[None]:
@@ -86,3 +88,42 @@ def assert_bitwise_equal(actual, expected, *, context: str = "") -> None:
         idx = np.argwhere(~ok)[:5]
         rows = [f"at {tuple(i)}: got {actual[tuple(i)]!r}, expected {expected[tuple(i)]!r}" for i in idx]
         raise AssertionError(f"{context}: {int((~ok).sum())} element(s) differ bitwise; " + "; ".join(rows))
+
+
+# The platform contract (stejax.verify.platform_contract): what the backend under test computes differently from
+# XLA on CPU. On CPU every expectation below is the bitwise one.
+CONTRACT = platform_contract()
+
+
+def platform_reads(x) -> np.ndarray:
+    """``x`` as the backend reads it: on a TPU, subnormal bfloat16 inputs become zeros of their sign."""
+    return flush_subnormal_inputs(x, CONTRACT)
+
+
+def assert_platform_equal(actual, expected, *, context: str = "") -> None:
+    """Equal bit for bit where the contract says so (CPU); elsewhere within the contract's ulps of the dtype.
+
+    For elementwise float functions (declared derivatives, transcendental formulas). NaN positions, dtype and
+    shape are checked either way; the bound is ``ulps * eps * |expected| + tiny``.
+    """
+    actual = np.asarray(actual)
+    expected = np.asarray(expected)
+    ulps = CONTRACT.ulps(actual.dtype)
+    if not ulps:
+        assert_bitwise_equal(actual, expected, context=context)
+        return
+    assert actual.dtype == expected.dtype, f"{context}: dtype {actual.dtype} != {expected.dtype}"
+    assert actual.shape == expected.shape, f"{context}: shape {actual.shape} != {expected.shape}"
+    info = _finfo(actual.dtype)
+    a, e = actual.astype(np.float64), expected.astype(np.float64)
+    nan = np.isnan(a) & np.isnan(e)
+    with np.errstate(invalid="ignore"):
+        close = (a == e) | (np.abs(a - e) <= ulps * float(info.eps) * np.abs(e) + float(info.tiny))
+    ok = nan | (close & ~np.isnan(a) & ~np.isnan(e))
+    if not ok.all():
+        idx = np.argwhere(~ok)[:5]
+        rows = [f"at {tuple(i)}: got {actual[tuple(i)]!r}, expected {expected[tuple(i)]!r}" for i in idx]
+        raise AssertionError(
+            f"{context}: {int((~ok).sum())} element(s) beyond the {CONTRACT.platform} contract's {ulps} ulp; "
+            + "; ".join(rows)
+        )

@@ -214,6 +214,7 @@ def test_scan_and_checkpoint():
     np.testing.assert_allclose(jax.jit(jax.grad(total))(xs), expected, rtol=1e-6)
 
 
+@pytest.mark.needs_float64
 def test_float64_is_kept_when_enabled():
     with jax.enable_x64(True):
         x = jnp.asarray(np.array([0.5, 1.5, -2.5, 1e300], np.float64))

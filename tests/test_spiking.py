@@ -270,6 +270,7 @@ def test_huge_inputs_give_zero_gradients_and_nan_stays_nan(name, dtype):
         assert np.isnan(g[4]), f"{mode} {name}: the gradient at NaN is {g[4]}, not NaN"
 
 
+@pytest.mark.needs_float64
 @pytest.mark.parametrize("name", list(ENTRIES))
 def test_float64_when_x64_is_on(name):
     # float64 inputs are evaluated in float64 throughout.

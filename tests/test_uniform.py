@@ -716,6 +716,7 @@ def test_jit_and_vmap_agree_with_eager(name, dtype):
 # --- float64 -----------------------------------------------------------------------------------
 
 
+@pytest.mark.needs_float64
 def test_float64_runs_in_float64():
     rng = np.random.default_rng(0)
     x = rng.standard_normal(50) * 3

@@ -154,6 +154,7 @@ def test_tangent_map_that_the_rule_ignores_is_caught():
     assert "tangent[float32]" in {c.name for c in report.failures}
 
 
+@pytest.mark.needs_float64
 def test_float64_under_x64():
     with jax.enable_x64(True):
         report = check_surrogate(readme_round, reference=jnp.round, derivative=jnp.ones_like, boundaries=ROUND_TIES)

@@ -110,6 +110,11 @@ def _git(*args: str, cwd: Path) -> str | None:
 def _commit(cwd: Path) -> dict[str, Any]:
     head = _git("rev-parse", "--short=12", "HEAD", cwd=cwd)
     if head is None:
+        # A tree exported with `git archive` (to run on a machine without the repository) has no .git:
+        # STEJAX_COMMIT names the commit it was exported from, unchanged.
+        exported = os.environ.get("STEJAX_COMMIT")
+        if exported:
+            return {"id": exported[:12], "uncommitted_changes": False, "exported": True}
         return {"id": None, "uncommitted_changes": None}
     top = _git("rev-parse", "--show-toplevel", cwd=cwd)
     status = _git("status", "--porcelain", "--untracked-files=no", cwd=cwd)

@@ -190,11 +190,25 @@ def verify_command(
             for table in _check_tables(one, failures_only=verify_all):
                 console.print(table)
     console.print(report.summary())
+    env = report.environment
+    console.print(f"platform: {env['platform']} ({env['device_kind']}), under its contract: {_contract_line(env)}")
     if out is not None:
         json_path, md_path = verify.write_report(report, out)
         console.print(f"wrote {json_path} and {md_path}")
     if not report.ok:
         raise SystemExit(1)
+
+
+def _contract_line(env: Any) -> str:
+    contract = env["platform_contract"]
+    ulps = {d: n for d, n in contract["elementwise_ulps"].items() if n}
+    flushed = contract["subnormal_inputs_read_as_zero"]
+    if not ulps and not flushed:
+        return "elementwise functions bit for bit"
+    parts = [", ".join(f"{d} {n} ulp" for d, n in ulps.items())] if ulps else []
+    if flushed:
+        parts.append(f"subnormal {'/'.join(flushed)} inputs read as zero")
+    return "; ".join(parts)
 
 
 def _check_tables(report: Any, *, failures_only: bool) -> list[Table]:

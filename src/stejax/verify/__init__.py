@@ -76,6 +76,10 @@ from stejax.verify._catalog import check_estimator as check_estimator
 from stejax.verify._checks import CHECK_KINDS as CHECK_KINDS
 from stejax.verify._checks import COMPOSITION_CHECKS as COMPOSITION_CHECKS
 from stejax.verify._load import load_callable as load_callable
+from stejax.verify._platform import PlatformContract as PlatformContract
+from stejax.verify._platform import flush_subnormal_inputs as flush_subnormal_inputs
+from stejax.verify._platform import measure_platform as measure_platform
+from stejax.verify._platform import platform_contract as platform_contract
 from stejax.verify._products import ProductCheck as ProductCheck
 from stejax.verify._products import check_integer_product as check_integer_product
 from stejax.verify._products import gradient_error as gradient_error
@@ -90,13 +94,17 @@ __all__ = [
     "COMPOSITION_CHECKS",
     "CatalogReport",
     "Check",
+    "PlatformContract",
     "ProductCheck",
     "Report",
     "check_catalog",
     "check_estimator",
     "check_integer_product",
     "check_surrogate",
+    "flush_subnormal_inputs",
     "gradient_error",
     "load_callable",
+    "measure_platform",
+    "platform_contract",
     "write_report",
 ]

@@ -16,6 +16,8 @@ from typing import Any
 import jax
 import numpy as np
 
+from stejax.verify._platform import platform_contract
+
 __all__ = ["CatalogReport", "Check", "Report", "environment", "write_report"]
 
 JSON_NAME = "verify-report.json"
@@ -215,6 +217,7 @@ def environment(dtypes: Sequence[Any], tolerances: Mapping[str, Any], **extra: A
         "stejax": stejax_version,
         "dtypes": [np.dtype(d).name for d in dtypes],
         "tolerances": dict(tolerances),
+        "platform_contract": platform_contract().to_dict(),
     }
     env.update(extra)
     return env

@@ -1,0 +1,150 @@
+"""The numerics test suite on an accelerator, in one process, counted: `make test-device`.
+
+Run from the repository root, with the JAX of the accelerator installed (a TPU or GPU build):
+
+    python benchmarks/device_suite.py [--results DIR] [pytest options]
+
+It runs the modules that exercise numerics (:data:`MODULES`: every estimator family through the verifier, the
+verifier and its mutants, the platform contract, the NNX rules, the language model's training step and decoding,
+spiking networks and vector quantisation) on the device JAX picks, in one process (one program at a time holds a
+TPU), with the suite's own warning policy. Tests that need what the device lacks (float64 on a TPU) are selected out
+with their reason; see ``tests/conftest.py``. With ``--results DIR`` it writes ``DIR/device_suite.json``: per module
+the tests run, passed, failed and selected out, and the time. The exit status is pytest's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+MODULES = (
+    "tests/test_platform.py",
+    "tests/test_core.py",
+    "tests/test_binary.py",
+    "tests/test_latent.py",
+    "tests/test_products.py",
+    "tests/test_verify.py",
+    "tests/test_verify_broken.py",
+    "tests/test_flax_rules.py",
+    "tests/test_lm.py",
+    "tests/test_lm_decode.py",
+    "tests/test_snn.py",
+    "tests/test_vq.py",
+)
+# Without xdist (one process holds the chip) and without the run's extra options for it.
+PYTEST_ARGS = ("-p", "no:xdist", "-p", "no:cacheprovider", "-o", "addopts=-ra --strict-markers --import-mode=importlib")
+
+
+class Counter:
+    """A pytest plugin that counts each test's outcome and time per module."""
+
+    def __init__(self) -> None:
+        self.outcome: dict[str, str] = {}
+        self.reason: dict[str, str] = {}
+        self.seconds: collections.Counter[str] = collections.Counter()
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        module = report.nodeid.split("::", 1)[0]
+        self.seconds[module] += report.duration
+        if report.skipped:
+            self.outcome[report.nodeid] = "selected_out"
+            self.reason[report.nodeid] = str(report.longrepr[-1]) if isinstance(report.longrepr, tuple) else ""
+        elif report.failed:
+            self.outcome[report.nodeid] = "failed"
+        elif report.when == "call" and report.nodeid not in self.outcome:
+            self.outcome[report.nodeid] = "passed"
+
+    def rows(self) -> list[dict[str, Any]]:
+        per: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+        for nodeid, outcome in self.outcome.items():
+            per[nodeid.split("::", 1)[0]][outcome] += 1
+        rows = []
+        for module in sorted(per, key=lambda m: MODULES.index(m) if m in MODULES else len(MODULES)):
+            c = per[module]
+            total = sum(c.values())
+            rows.append(
+                {
+                    "module": module,
+                    "tests": total,
+                    "passed": c["passed"],
+                    "failed": c["failed"],
+                    "selected_out": c["selected_out"],
+                    "run_share": (c["passed"] + c["failed"]) / total if total else 0.0,
+                    "seconds": round(self.seconds[module], 1),
+                }
+            )
+        return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--results", type=Path, default=None, metavar="DIR", help="write DIR/device_suite.json")
+    options, extra = parser.parse_known_args(argv)
+    import jax
+
+    from stejax.bench.results import Figure, Recorder
+    from stejax.verify import measure_platform, platform_contract
+
+    command = "make test-device" + (f" (python benchmarks/device_suite.py {' '.join(extra)})" if extra else "")
+    recorder = Recorder("device_suite", command=command)
+    counter = Counter()
+    start = time.perf_counter()
+    status = pytest.main([*PYTEST_ARGS, *extra, *MODULES], plugins=[counter])
+    wall = time.perf_counter() - start
+    rows = counter.rows()
+    totals = {k: sum(r[k] for r in rows) for k in ("tests", "passed", "failed", "selected_out")}
+    share = (totals["passed"] + totals["failed"]) / totals["tests"] if totals["tests"] else 0.0
+    reasons = sorted({r for r in counter.reason.values() if r})
+    print(
+        f"{jax.default_backend()}: {totals['passed']} passed, {totals['failed']} failed, "
+        f"{totals['selected_out']} selected out of {totals['tests']} in {wall:.0f} s"
+    )
+    if options.results is not None:
+        contract = platform_contract()
+        recorder.write(
+            options.results / "device_suite.json",
+            rows=rows,
+            columns=[
+                ("module", "module"),
+                ("tests", "tests"),
+                ("passed", "passed"),
+                ("failed", "failed"),
+                ("selected_out", "selected out"),
+                ("seconds", "s", "{:.0f}"),
+            ],
+            figures={
+                "passed": Figure(totals["passed"], f"{totals['passed']:,} passed"),
+                "failed": Figure(totals["failed"], f"{totals['failed']} failed", target="0", met=totals["failed"] == 0),
+                "selected_out": Figure(totals["selected_out"], f"{totals['selected_out']} selected out"),
+                "run_share": Figure(
+                    round(share, 3), f"{share:.1%} of the tests run", target=">= 80%", met=share >= 0.8
+                ),
+                "wall_minutes": Figure(
+                    round(wall / 60, 1), f"{wall / 60:.1f} min", target="<= 10 min", met=wall <= 600
+                ),
+            },
+            notes=(
+                f"One process on {jax.devices()[0].device_kind} ({jax.default_backend()}); "
+                + (
+                    "the run was interrupted at its time limit: the counts are the tests that finished. "
+                    if status == pytest.ExitCode.INTERRUPTED
+                    else "no test aborted the process. "
+                )
+                + f"Selected out, with reasons: {'; '.join(reasons) or 'none'}. The platform contract "
+                f"applied: {contract.to_dict()}. Measured against XLA:CPU in the same process: "
+                f"{measure_platform()}."
+            ),
+        )
+    return int(status)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main())

@@ -1,0 +1,74 @@
+"""The platform contract: declared per backend, measured on the backend under test, and used by the verifier."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from stejax.verify import measure_platform, platform_contract
+from stejax.verify._compare import Expected, mismatches, unequal
+from stejax.verify._tolerance import Tolerance
+
+from helpers import CONTRACT
+
+
+@pytest.fixture(scope="module")
+def measured():
+    return measure_platform()
+
+
+def test_the_backend_under_test_keeps_its_contract(measured):
+    assert measured["platform"] == CONTRACT.platform
+    for dtype, row in measured["elementwise_ulps"].items():
+        for function, ulps in row.items():
+            assert ulps <= CONTRACT.ulps(dtype), (
+                f"{function} in {dtype}: {ulps} ulp from XLA:CPU, the {CONTRACT.platform} contract allows "
+                f"{CONTRACT.ulps(dtype)}"
+            )
+    assert set(measured["subnormal_inputs_read_as_zero"]) == set(CONTRACT.subnormal_inputs_read_as_zero)
+
+
+def test_matmul_precision_is_as_declared(measured):
+    errors = measured["matmul_relative_error"]
+    assert errors["default"] <= CONTRACT.matmul_relative_error, errors
+    # "highest" is float32 accuracy everywhere: what the device suite runs under.
+    assert errors["highest"] <= 1e-5, errors
+
+
+def test_cpu_is_the_bitwise_reference_and_tpu_declares_its_differences():
+    cpu, tpu = platform_contract("cpu"), platform_contract("tpu")
+    assert cpu.bitwise and cpu.float64 and cpu.tested
+    assert not tpu.bitwise and not tpu.float64 and tpu.tested
+    assert tpu.subnormal_inputs_read_as_zero == ("bfloat16",)
+    assert tpu.ulps(np.float32) == 4 and tpu.ulps(ml_dtypes.bfloat16) == tpu.ulps(np.float16) == 1
+    assert platform_contract("cuda") is platform_contract("gpu") and not platform_contract("gpu").tested
+
+
+def test_an_unknown_backend_is_named():
+    with pytest.raises(ValueError, match=r"no platform contract for backend 'ipu': expected one of \['cpu', 'gpu'"):
+        platform_contract("ipu")
+
+
+def _declared(value, dtype):
+    v = np.asarray(value, np.float64)
+    return Expected(value=v, magnitude=np.abs(v), exact=np.ones(v.shape, bool), ulps=4, floor=0.0)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16])
+def test_the_verifier_takes_its_allowance_from_the_contract(dtype):
+    dtype = np.dtype(dtype)
+    eps = float(ml_dtypes.finfo(dtype).eps)
+    exact = np.array([1.5, -0.75])
+    ulp = eps * 2.0 ** np.floor(np.log2(np.abs(exact)))  # one unit in the last place of each value
+    one_ulp, far = exact + np.sign(exact) * ulp, exact + np.sign(exact) * 8 * ulp
+    cpu, tpu = Tolerance.of(dtype, platform_contract("cpu")), Tolerance.of(dtype, platform_contract("tpu"))
+    assert cpu.platform_ulps == 0 and tpu.platform_ulps == platform_contract("tpu").ulps(dtype)
+    # On CPU a representable declared value must be met exactly; under the TPU contract within its ulps.
+    assert mismatches(one_ulp.astype(dtype), _declared(exact, dtype), dtype, cpu).all()
+    assert not mismatches(one_ulp.astype(dtype), _declared(exact, dtype), dtype, tpu).any()
+    # Beyond the contract is still a failure: the allowance is the contract's, not a blanket tolerance.
+    assert mismatches(far.astype(dtype), _declared(exact, dtype), dtype, tpu).all()
+    assert unequal(one_ulp, exact, cpu).all() and not unequal(one_ulp, exact, tpu).any()
+    assert unequal(far, exact, tpu).all()
+    assert tpu.to_dict()["platform"] == "tpu" and "the tpu contract" in tpu.to_dict()["tangent"]
