@@ -142,7 +142,10 @@ def test_every_results_file_is_current_or_says_it_is_older(path):
         assert "older" not in doc
         return
     older = doc.get("older")
-    assert isinstance(older, str) and older.strip(), f"{path.name}: not current, and no `older` sentence saying why"
+    assert isinstance(older, str) and older.strip(), (
+        f"{path.name}: not current (run its command in a clean checkout of a commit, see benchmarks/README.md), "
+        "and no `older` sentence saying why"
+    )
     commit = str((doc["commit"] or {}).get("id") or "")
     assert commit and commit[:7] in older, f"{path.name}: `older` must name the commit that measured it"
     assert "An older measurement" in render_markdown(f'{{{{ results_source("{path.stem}") }}}}', RESULTS)
