@@ -77,10 +77,17 @@ def _scale(v: jax.Array, axes: tuple[int, ...], qmax: int) -> jax.Array:
 
 
 def _quantise(v: jax.Array, s: jax.Array, bits: int, noise: jax.Array | None = None) -> jax.Array:
-    """int8 codes of ``v`` on the grid of step ``s``: nearest (half to even), or ``floor(v/s + u)`` with noise u."""
+    """int8 codes of ``v`` on the grid of step ``s``: nearest (half to even), or stochastic with noise u in [0, 1)."""
     qmin, qmax = integer_range(bits, signed=True)
     r = v * (1 / s)
-    r = jnp.round(r) if noise is None else jnp.floor(r + noise)
+    if noise is None:
+        r = jnp.round(r)
+    else:
+        # Up with probability frac(r): floor(r) + [u < r - floor(r)]. Every step is exact after the product
+        # (floor, the subtraction, the compare), so no fusion or reassociation of a sum r + u by the compiler
+        # can move a code: XLA:CPU computed floor(r + u) with other roundings than the formula's.
+        down = jnp.floor(r)
+        r = down + (noise < r - down).astype(r.dtype)
     return jnp.clip(r, qmin, qmax).astype(jnp.int8)
 
 
@@ -297,7 +304,8 @@ def integer_dot_general(
     tangent map): with :math:`\bar y` the cotangent and :math:`Q_r`, :math:`Q_c`
     int8 quantisation of a matrix with one absmax scale per row or per column
     (:math:`Q(v) = s_v\, q_v`, round to nearest, or stochastic rounding
-    :math:`\lfloor v/s + u\rfloor`, :math:`u \sim U[0, 1)` from ``key``),
+    :math:`\lfloor r \rfloor + \mathbb{1}[u < r - \lfloor r \rfloor]` with :math:`r = v \cdot \mathrm{fl}(1/s)`,
+    :math:`u \sim U[0, 1)` from ``key``: up with probability :math:`r - \lfloor r\rfloor`),
 
     .. math::
 

@@ -81,7 +81,11 @@ def _scale(v: np.ndarray, axes: tuple[int, ...], qmax: int) -> np.ndarray:
 def _codes(v: np.ndarray, s: np.ndarray, bits: int, noise: np.ndarray | None = None) -> np.ndarray:
     qmin, qmax = -(2 ** (bits - 1)), 2 ** (bits - 1) - 1
     r = v * (np.float32(1) / s)
-    r = np.rint(r) if noise is None else np.floor(r + noise)
+    if noise is None:
+        r = np.rint(r)
+    else:
+        down = np.floor(r)
+        r = down + (noise < r - down).astype(np.float32)
     return np.clip(r, qmin, qmax).astype(np.int64)
 
 
@@ -267,7 +271,8 @@ def gradient_error(loss: Callable[..., jax.Array], reference: Callable[..., jax.
     gradient is zero are left out of it). Both gradients are jitted.
 
     Example:
-      >>>       >>> gradient_error(lambda p: jnp.sum(p["w"] ** 2), lambda p: jnp.sum(p["w"] ** 2), {"w": jnp.ones(3)})
+      >>> import jax.numpy as jnp
+      >>> gradient_error(lambda p: jnp.sum(p["w"] ** 2), lambda p: jnp.sum(p["w"] ** 2), {"w": jnp.ones(3)})
       {'total': 0.0, 'worst_leaf': 0.0}
     """
     got = jax.jit(jax.grad(loss))(*args)
