@@ -38,28 +38,48 @@ def vq_group() -> None:
 
 @vq_group.command("compare")
 @out_dir_option("Folder for report.md, report.json and the two plots.")
-@click.option("--quick", is_flag=True, default=False, help="The speed run: K = 64, d = 8, 2 seeds, 200 steps.")
+@click.option(
+    "--quick",
+    is_flag=True,
+    default=False,
+    help="The speed run: K = 64, d = 8, 2 seeds, 200 steps, every set-up, no digits check.",
+)
 @seeds_option("Seeds 0..N-1 (default 3; 2 with --quick).")
 @click.option("--steps", type=click.IntRange(min=1), default=None, help="Adam steps (default 1000; 200 with --quick).")
 @click.option(
     "--codebook-sizes",
     default=None,
     metavar="K,...",
-    help="Codebook sizes, powers of two (default 64,512,4096; 64 with --quick).",
+    help="Codebook sizes, powers of two (default 512,4096; 64 with --quick).",
 )
-@click.option("--code-dims", default=None, metavar="D,...", help="Code dimensions (default 8,32; 8 with --quick).")
+@click.option("--code-dims", default=None, metavar="D,...", help="Code dimensions (default 32; 8 with --quick).")
 @click.option(
-    "--variants",
+    "--configs",
     default=None,
     metavar="NAME,...",
-    help="Only these variants, comma-separated (default: all eleven).",
+    help="Only these variants, comma-separated (default: all twelve).",
 )
-@deprecated_option("--configs", "variants")
+@deprecated_option("--variants", "configs")
+@click.option(
+    "--setups",
+    default=None,
+    metavar="NAME,...",
+    help="Only these codebook set-ups, comma-separated (default: reference,gradient,wide-init).",
+)
+@click.option(
+    "--digits/--no-digits",
+    default=None,
+    help="Also run the digits VQ-VAE under the reference set-up (default: yes; no with --quick).",
+)
+@click.option(
+    "--digits-steps", type=click.IntRange(min=1), default=None, help="Adam steps of the digits VQ-VAE (default 800)."
+)
 @click.option(
     "--codebook-init-scale",
     type=click.FloatRange(min=0, min_open=True),
     default=None,
-    help="The standard deviation of the initial codes (default 1.0).",
+    help="Replace every set-up's scale of the initial codes: the bound of uniform codes, "
+    "the standard deviation of normal ones (default: the set-up's).",
 )
 @workers_option()
 @click.option(
@@ -81,26 +101,34 @@ def compare_command(
     steps: int | None,
     codebook_sizes: str | None,
     code_dims: str | None,
-    variants: str | None,
+    configs: str | None,
+    setups: str | None,
+    digits: bool | None,
+    digits_steps: int | None,
     codebook_init_scale: float | None,
     workers: int,
     results: Path | None,
     figures: Path | None,
 ) -> None:
-    """Train every variant at every codebook size K and code dimension d, and judge the targets.
+    """Train every VQ variant under every codebook set-up, against FSQ, and judge the targets.
 
-    Variants: STE, rotation trick, EMA codes, k-means++ initialisation, dead-code
-    replacement (alone, with EMA, with the rotation trick), l2-normalised codes, a
-    low-dimensional lookup, FSQ with exactly K codes, and the negative control (no
-    gradient to the encoder). One token per vector of an unlimited synthetic
-    source; usage over the validation epoch and per batch, perplexity / K,
-    validation MSE and MSE / FSQ's. Writes OUT/report.json (one row per variant,
-    K, d and seed), OUT/report.md, OUT/usage_vs_k.png and OUT/mse_vs_bits.png.
+    Set-ups: reference (EMA codes, decay 0.8, Kaiming-uniform initial codes,
+    commitment weight 1), gradient (codes trained by the codebook loss from
+    U(±1/K), taming-transformers' weights) and wide-init (N(0, 1) codes trained by
+    the codebook loss). Variants: STE, rotation trick, EMA codes, k-means++
+    initialisation (alone, with the rotation trick), dead-code replacement (alone,
+    with EMA, with the rotation trick), l2-normalised codes, a low-dimensional
+    lookup, FSQ with exactly K codes, and the negative control (no gradient to the
+    encoder). One token per vector of an unlimited synthetic source; usage,
+    perplexity / K, validation MSE and the collapse diagnostics before and after
+    training; then a convolutional VQ-VAE on scikit-learn's digits. Writes
+    OUT/report.json (one row per set-up, variant, K, d and seed), OUT/report.md,
+    OUT/usage_vs_k.png and OUT/mse_vs_bits.png.
     """
     import dataclasses
     import time
 
-    from stejax.vq import QUICK, VARIANTS, CompareSettings, compare, write_report
+    from stejax.vq import QUICK, SETUPS, VARIANTS, CompareSettings, compare, write_report
 
     t0 = time.perf_counter()
     started = {"date": _now(), "load_start": _load()}
@@ -114,9 +142,16 @@ def compare_command(
         changes["codebook_sizes"] = sizes
     if (dims := _int_list(code_dims, "--code-dims")) is not None:
         changes["code_dims"] = dims
-    names = configuration_names(variants, [v.name for v in VARIANTS], option="--variants")
+    names = configuration_names(configs, [v.name for v in VARIANTS], option="--configs")
     if names is not None:
         changes["variants"] = names
+    chosen = configuration_names(setups, [u.name for u in SETUPS], option="--setups")
+    if chosen is not None:
+        changes["setups"] = chosen
+    if digits is not None:
+        changes["digits"] = digits
+    if digits_steps is not None:
+        changes["digits_steps"] = digits_steps
     if codebook_init_scale is not None:
         changes["init_scale"] = codebook_init_scale
     try:
@@ -142,6 +177,18 @@ def compare_command(
             report, Path(results) / f"{name}.json", command=command, name=name, date=started["date"], load=load
         )
         console.print(f"wrote {written}", markup=False)
+        if report.get("digits"):
+            from stejax.vq._results import record_digits
+
+            written = record_digits(
+                report,
+                Path(results) / f"{name.replace('compare', 'digits')}.json",
+                command=command,
+                name=name.replace("compare", "digits"),
+                date=started["date"],
+                load=load,
+            )
+            console.print(f"wrote {written}", markup=False)
     missed = sum(not t["passed"] for t in report["targets"])
     console.print(
         f"{len(report['rows'])} rows, {report['compiles']} compilations, "

@@ -6,6 +6,7 @@ whole training run jits and maps over seeds. Built on the latent estimators of
 :mod:`stejax.estimators.latent`.
 """
 
+from stejax.vq._codebook import CODE_INITS as CODE_INITS
 from stejax.vq._codebook import Codebook as Codebook
 from stejax.vq._codebook import CodebookOutput as CodebookOutput
 from stejax.vq._codebook import CodebookState as CodebookState
@@ -14,8 +15,10 @@ from stejax.vq._codebook import kmeans_plus_plus as kmeans_plus_plus
 from stejax.vq._codebook import l2_normalize as l2_normalize
 from stejax.vq._codebook import nearest_code_matmul as nearest_code_matmul
 from stejax.vq._compare import QUICK as QUICK
+from stejax.vq._compare import SETUPS as SETUPS
 from stejax.vq._compare import VARIANTS as VARIANTS
 from stejax.vq._compare import CompareSettings as CompareSettings
+from stejax.vq._compare import Setup as Setup
 from stejax.vq._compare import Variant as Variant
 from stejax.vq._compare import compare as compare
 from stejax.vq._compare import fsq_levels_for as fsq_levels_for

@@ -22,6 +22,7 @@ from stejax import keys
 from stejax.estimators.latent import vq_quantize, vq_ste
 
 __all__ = [
+    "CODE_INITS",
     "Codebook",
     "CodebookOutput",
     "CodebookState",
@@ -35,6 +36,8 @@ _DISTANCES = ("euclidean", "cosine")
 _UPDATES = ("gradient", "ema")
 _SEEDINGS = ("random", "kmeans++")
 _LOOKUPS = ("exact", "matmul")
+# How the codes were initialised, as recorded in CodebookState.code_init (an int32 index into this tuple).
+CODE_INITS = ("normal", "uniform", "kaiming_uniform", "kmeans")
 
 
 class CodebookState(NamedTuple):
@@ -46,6 +49,24 @@ class CodebookState(NamedTuple):
 
     cluster_size: jax.Array  # (K,) float32: EMA of how many vectors chose each code per step
     embed_sum: jax.Array  # (K, codebook_dim) float32: EMA of the sum of the vectors that chose each code
+    # () int32: how the codes were initialised, an index into CODE_INITS; None in a state saved before it was
+    # recorded (such a state loads and trains unchanged).
+    code_init: jax.Array | None = None
+
+    @property
+    def initialisation(self) -> str | None:
+        """How the codes were initialised: one of ``CODE_INITS`` (``"kaiming_uniform"``...), None if not recorded.
+
+        Example:
+          >>> import jax
+          >>> from stejax.vq import Codebook
+          >>> _, state = Codebook(codebook_size=8, dim=4).init(key=jax.random.key(0))
+          >>> state.initialisation
+          'kaiming_uniform'
+        """
+        if self.code_init is None:
+            return None
+        return CODE_INITS[int(self.code_init)]
 
 
 class CodebookOutput(NamedTuple):
@@ -118,6 +139,21 @@ class Codebook:
     replacement: :meth:`replace_dead` replaces every code with
     :math:`N_k <` ``dead_code_threshold`` by a distinct vector of the batch.
 
+    Defaults, and why. The initial codes are small, Kaiming-uniform
+    :math:`c_{kd} \sim U(\pm\sqrt{6/(K d)})` (``code_init="kaiming_uniform"``), and
+    EMA statistics decay by :math:`\gamma = 0.8`: the set-up of the rotation trick's
+    authors and of vector-quantize-pytorch. Codes near the origin sit among an
+    encoder's first outputs, so most of them are the nearest code of some vector
+    from the first steps; codes drawn from :math:`\mathcal{N}(0, 1)` in many
+    dimensions sit at norm about :math:`\sqrt d`, away from the data, where most
+    are never chosen and never move (``stejax vq compare``'s ``wide-init`` set-up
+    measures that collapse, and shows it is worst with the rotation trick, whose
+    gradient pulls the encoder's vectors towards the origin). A decay of 0.8 lets
+    EMA codes follow a moving encoder within a few steps; 0.99 leaves them behind.
+    For a data-dependent start call :meth:`kmeans_init` on the first batch. The
+    state returned by :meth:`init` and :meth:`kmeans_init` records which start was
+    used (:attr:`CodebookState.initialisation`).
+
     Attributes:
       codebook_size: ``K``, the number of codes.
       dim: the width of the input's last axis.
@@ -126,10 +162,15 @@ class Codebook:
       distance: ``"euclidean"`` or ``"cosine"``.
       estimator: the function that carries the gradient past the quantiser.
       update: ``"gradient"`` or ``"ema"``.
-      decay: :math:`\gamma` of the EMA statistics (default 0.99).
+      decay: :math:`\gamma` of the EMA statistics (default 0.8).
       eps: :math:`\epsilon` of the Laplace smoothing (default 1e-5).
       dead_code_threshold: replace codes whose :math:`N_k` falls below it (0: never).
-      init_scale: the standard deviation of the initial codes (default 1.0).
+      code_init: the initial codes: ``"kaiming_uniform"`` (default,
+        :math:`U(\pm\sqrt{6/(K d)})`), ``"uniform"`` (:math:`U(\pm s)`, ``s`` =
+        ``init_scale``, default :math:`1/K` as taming-transformers) or ``"normal"``
+        (:math:`\mathcal{N}(0, s^2)`, ``s`` = ``init_scale``, default 1).
+      init_scale: the scale ``s`` of ``"uniform"`` or ``"normal"`` codes (None: their
+        default); Kaiming-uniform codes have the fixed bound and take none.
       lookup: ``"exact"`` (default: the nearest code by :func:`stejax.vq_ste`'s
         difference form, the estimator called with the whole codebook) or
         ``"matmul"`` (:func:`nearest_code_matmul`, one search per call, the
@@ -162,11 +203,12 @@ class Codebook:
     distance: str = "euclidean"
     estimator: Callable[..., jax.Array] = vq_quantize
     update: str = "gradient"
-    decay: float = 0.99
+    decay: float = 0.8
     eps: float = 1e-5
     dead_code_threshold: float = 0.0
-    init_scale: float = 1.0
+    init_scale: float | None = None
     lookup: str = "exact"
+    code_init: str = "kaiming_uniform"
 
     def __post_init__(self):
         _check_positive_int("codebook_size", self.codebook_size)
@@ -192,8 +234,19 @@ class Codebook:
             )
         if not (isinstance(self.decay, int | float) and 0 <= self.decay < 1):
             raise ValueError(f"Codebook: `decay` must be a float in [0, 1); got {self.decay!r}.")
-        if not (isinstance(self.init_scale, int | float) and self.init_scale > 0):
-            raise ValueError(f"Codebook: `init_scale` must be a positive float; got {self.init_scale!r}.")
+        if self.code_init not in CODE_INITS[:3]:
+            raise ValueError(f"Codebook: `code_init` must be one of {CODE_INITS[:3]}; got {self.code_init!r}.")
+        if self.init_scale is not None:
+            if isinstance(self.init_scale, bool) or not (
+                isinstance(self.init_scale, int | float) and self.init_scale > 0
+            ):
+                raise ValueError(f"Codebook: `init_scale` must be a positive float or None; got {self.init_scale!r}.")
+            if self.code_init == "kaiming_uniform":
+                raise ValueError(
+                    f"Codebook: `init_scale` ({self.init_scale!r}) sets the scale of code_init='normal' or "
+                    f"'uniform'; the default code_init='kaiming_uniform' has the fixed bound sqrt(6 / (K d)). "
+                    f"For N(0, init_scale^2) codes pass code_init='normal'."
+                )
         if not (isinstance(self.eps, int | float) and self.eps > 0):
             raise ValueError(f"Codebook: `eps` must be a positive float; got {self.eps!r}.")
         if not (isinstance(self.dead_code_threshold, int | float) and self.dead_code_threshold >= 0):
@@ -226,10 +279,10 @@ class Codebook:
     def init(self, *, key: jax.Array, dtype: DTypeLike = jnp.float32) -> tuple[dict[str, Any], CodebookState]:
         r"""Fresh parameters and statistics.
 
-        Codes :math:`c_{kd} \sim \mathcal{N}(0, \sigma^2)`, :math:`\sigma` = ``init_scale`` (unit vectors for cosine);
+        Codes as ``code_init`` says (see the class docstring; unit vectors for cosine);
         projections (when there are) :math:`W \sim \mathcal{N}(0, 1/\text{fan\_in})`, zero
         bias. Statistics as vector-quantize-pytorch starts them: :math:`N_k = 1`,
-        :math:`m_k = c_k`.
+        :math:`m_k = c_k`; ``state.code_init`` records ``code_init``.
 
         Returns:
           ``(params, state)``: ``params`` has ``"codes"`` ``(K, d)`` and, with a
@@ -237,7 +290,16 @@ class Codebook:
         """
         k_codes, k_in, k_out = keys.split(key, 3, where="Codebook.init: codes, project_in, project_out")
         shape = (self.codebook_size, self._code_dim)
-        codes = jax.random.normal(keys.consume(k_codes, where="Codebook.init codes"), shape, dtype) * self.init_scale
+        k_codes = keys.consume(k_codes, where="Codebook.init codes")
+        if self.code_init == "normal":
+            scale = 1.0 if self.init_scale is None else self.init_scale
+            codes = jax.random.normal(k_codes, shape, dtype) * scale
+        else:
+            if self.code_init == "uniform":
+                bound = 1.0 / self.codebook_size if self.init_scale is None else self.init_scale
+            else:  # kaiming_uniform: torch.nn.init.kaiming_uniform_ of a (K, d) table, fan_in = K d
+                bound = math.sqrt(6.0 / (self.codebook_size * self._code_dim))
+            codes = jax.random.uniform(k_codes, shape, dtype, minval=-bound, maxval=bound)
         if self.distance == "cosine":
             codes = l2_normalize(codes)
         params: dict[str, Any] = {"codes": codes}
@@ -248,6 +310,7 @@ class Codebook:
         state = CodebookState(
             cluster_size=jnp.ones((self.codebook_size,), jnp.float32),
             embed_sum=codes.astype(jnp.float32),
+            code_init=jnp.int32(CODE_INITS.index(self.code_init)),
         )
         return params, state
 
@@ -365,7 +428,7 @@ class Codebook:
         g = self.decay
         cluster_size = g * state.cluster_size + (1 - g) * counts
         embed_sum = g * state.embed_sum + (1 - g) * sums
-        new_state = CodebookState(cluster_size, embed_sum)
+        new_state = state._replace(cluster_size=cluster_size, embed_sum=embed_sum)
         if self.update == "ema":
             params = {**params, "codes": self.ema_codes(new_state).astype(params["codes"].dtype)}
         return params, new_state
@@ -403,7 +466,7 @@ class Codebook:
         threshold = jnp.float32(self.dead_code_threshold)
         cluster_size = jnp.where(dead, threshold, state.cluster_size)
         embed_sum = jnp.where(dead[:, None], picked.astype(jnp.float32) * threshold, state.embed_sum)
-        return {**params, "codes": codes}, CodebookState(cluster_size, embed_sum), dead
+        return {**params, "codes": codes}, state._replace(cluster_size=cluster_size, embed_sum=embed_sum), dead
 
     def kmeans_init(
         self,
@@ -424,14 +487,17 @@ class Codebook:
         its nearest mean (ties to the lowest index) and moves each mean to the
         average of its rows; a mean with no rows stays where it is. Cosine codebooks
         renormalise the means. The statistics restart at :math:`N_k` = the rows of
-        the last assignment, :math:`m_k = N_k c_k`. Deterministic for a key.
+        the last assignment, :math:`m_k = N_k c_k`, and record ``"kmeans"`` as the
+        initialisation. Deterministic for a key.
         """
         v = jax.lax.stop_gradient(jnp.asarray(vectors)).reshape(-1, self._code_dim).astype(jnp.float32)
         means, counts = kmeans(
             v, self.codebook_size, key=key, iters=iters, cosine=self.distance == "cosine", seeding=seeding
         )
         params = {**params, "codes": means.astype(params["codes"].dtype)}
-        return params, CodebookState(cluster_size=counts, embed_sum=means * counts[:, None])
+        return params, CodebookState(
+            cluster_size=counts, embed_sum=means * counts[:, None], code_init=jnp.int32(CODE_INITS.index("kmeans"))
+        )
 
 
 @functools.partial(jax.jit, static_argnames=("n_clusters",))  # one compilation per shape, eager or not

@@ -1,15 +1,20 @@
 """Where codebooks collapse: VQ variants against FSQ over a grid of codebook sizes and code dimensions.
 
-Every variant trains the same small autoencoder on an unlimited synthetic source
-(a fixed random MLP from 8-D Gaussians to 16-D vectors, standardised), one token
-per vector: encoder, quantiser, decoder, Adam on the reconstruction's mean
-squared error plus the quantiser's own loss. Each step draws a fresh batch, so the
-number of distinct training tokens is ``steps * batch_size`` and never caps the
-codes in use; the validation epoch is a fixed set of ``val_size`` vectors.
+Every variant runs under each named codebook set-up (:data:`SETUPS`: how the codes
+start, how they learn, the loss weights), so that a variant is compared with the
+others under the same codebook handling. Every variant trains the same small
+autoencoder on an unlimited synthetic source (a fixed random MLP from 8-D
+Gaussians to 16-D vectors, standardised), one token per vector: encoder,
+quantiser, decoder, Adam on the reconstruction's mean squared error plus the
+quantiser's own loss. Each step draws a fresh batch, so the number of distinct
+training tokens is ``steps * batch_size`` and never caps the codes in use; the
+validation epoch is a fixed set of ``val_size`` vectors.
 
-For each codebook size ``K`` and code dimension ``d`` of the grid, the seeds of one
-variant run as one ``jit(vmap(...))`` program (the whole training in a
-``lax.scan``, then the validation epoch), compiled once.
+For each set-up, codebook size ``K`` and code dimension ``d`` of the grid, the
+seeds of one variant run as one ``jit(vmap(...))`` program (the collapse
+diagnostics on the validation epoch, the whole training in a ``lax.scan``, then
+the validation epoch again), compiled once. FSQ has no codebook: it runs once per
+``K`` and ``d`` and its rows stand in every set-up's table.
 """
 
 from __future__ import annotations
@@ -26,11 +31,85 @@ import numpy as np
 
 from stejax import keys
 from stejax.estimators.latent import rotation_trick, vq_quantize
-from stejax.vq._codebook import Codebook, CodebookState, _affine
+from stejax.vq._codebook import CODE_INITS, Codebook, CodebookState, _affine
 from stejax.vq._fsq import FSQ
 from stejax.vq._metrics import batch_usage, perplexity, usage
 
-__all__ = ["QUICK", "VARIANTS", "CompareSettings", "Variant", "compare", "fsq_levels_for", "judge_targets"]
+__all__ = [
+    "QUICK",
+    "SETUPS",
+    "VARIANTS",
+    "CompareSettings",
+    "Setup",
+    "Variant",
+    "compare",
+    "fsq_levels_for",
+    "judge_targets",
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class Setup:
+    """How the codebook of every VQ variant starts and learns, and the loss weights.
+
+    Attributes:
+      name: the set-up's name in the report.
+      code_init: the initial codes, :class:`~stejax.vq.Codebook`'s ``code_init``.
+      init_scale: their scale (None: the default of ``code_init``).
+      update: how the codes learn: ``"ema"`` (no codebook loss) or ``"gradient"``
+        (the codebook loss, by the run's Adam). A variant that names its own
+        update (``ema``, ``dead_ema``) keeps it.
+      decay: the EMA decay of the statistics (codes and dead-code counts).
+      eps: the Laplace smoothing of EMA codes.
+      commitment_weight: :math:`\beta` of the commitment loss.
+      codebook_weight: the weight of the codebook loss (gradient-trained codes).
+      description: one line for the report.
+    """
+
+    name: str
+    code_init: str
+    init_scale: float | None
+    update: str
+    decay: float
+    eps: float = 1e-5
+    commitment_weight: float = 0.25
+    codebook_weight: float = 1.0
+    description: str = ""
+
+
+SETUPS: tuple[Setup, ...] = (
+    Setup(
+        "reference",
+        code_init="kaiming_uniform",
+        init_scale=None,
+        update="ema",
+        decay=0.8,
+        commitment_weight=1.0,
+        description="EMA codes (decay 0.8, eps 1e-5), Kaiming-uniform initial codes, commitment weight 1.0: "
+        "the rotation trick's authors and vector-quantize-pytorch",
+    ),
+    Setup(
+        "gradient",
+        code_init="uniform",
+        init_scale=None,
+        update="gradient",
+        decay=0.8,
+        commitment_weight=0.25,
+        description="codes trained by the codebook loss, initial codes U(±1/K), codebook weight 1 and "
+        "commitment weight 0.25: taming-transformers' VQGAN",
+    ),
+    Setup(
+        "wide-init",
+        code_init="normal",
+        init_scale=1.0,
+        update="gradient",
+        decay=0.99,
+        commitment_weight=0.25,
+        description="codes drawn from N(0, 1), far from a d = 32 latent, trained by the codebook loss; "
+        "EMA statistics with decay 0.99",
+    ),
+)
+_SETUP_BY_NAME = {u.name: u for u in SETUPS}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,8 +122,8 @@ class Variant:
       estimator: ``"ste"`` (:func:`stejax.vq_quantize`), ``"rotation"``
         (:func:`stejax.rotation_trick`) or ``"none"`` (no gradient to the encoder at
         all, and no commitment loss: the negative control).
-      update: ``"gradient"`` (codebook loss) or ``"ema"`` codes.
-      seeding: ``"normal"`` (codes N(0, init_scale²)) or ``"kmeans++"`` (k-means++
+      update: ``None`` (the set-up's), ``"gradient"`` (codebook loss) or ``"ema"`` codes.
+      seeding: ``"setup"`` (the set-up's initial codes) or ``"kmeans++"`` (k-means++
         then Lloyd on the initial encoder's vectors).
       dead_codes: replace codes whose EMA usage falls below the threshold.
       distance: ``"euclidean"`` or ``"cosine"`` (l2-normalised vectors and codes).
@@ -56,8 +135,8 @@ class Variant:
     name: str
     quantizer: str = "vq"
     estimator: str = "ste"
-    update: str = "gradient"
-    seeding: str = "normal"
+    update: str | None = None
+    seeding: str = "setup"
     dead_codes: bool = False
     distance: str = "euclidean"
     low_dim: bool = False
@@ -65,14 +144,22 @@ class Variant:
 
 
 VARIANTS: tuple[Variant, ...] = (
-    Variant("ste", description="straight-through, codebook loss"),
-    Variant("rotation", estimator="rotation", description="rotation trick, codebook loss"),
-    Variant("ema", update="ema", description="straight-through, EMA codes"),
+    Variant("ste", description="straight-through"),
+    Variant("rotation", estimator="rotation", description="rotation trick"),
+    Variant("ema", update="ema", description="straight-through, EMA codes whatever the set-up"),
     Variant("kmeans", seeding="kmeans++", description="straight-through, codes from k-means++ and Lloyd"),
     Variant("dead", dead_codes=True, description="straight-through, dead-code replacement"),
-    Variant("dead_ema", update="ema", dead_codes=True, description="EMA codes and dead-code replacement"),
+    Variant(
+        "dead_ema", update="ema", dead_codes=True, description="EMA codes whatever the set-up, dead-code replacement"
+    ),
     Variant(
         "dead_rotation", estimator="rotation", dead_codes=True, description="rotation trick, dead-code replacement"
+    ),
+    Variant(
+        "kmeans_rotation",
+        estimator="rotation",
+        seeding="kmeans++",
+        description="rotation trick, codes from k-means++ and Lloyd",
     ),
     Variant("cosine", distance="cosine", description="straight-through, l2-normalised vectors and codes"),
     Variant("low_dim", low_dim=True, description="straight-through, lookup in a low-dimensional projection"),
@@ -113,9 +200,11 @@ class CompareSettings:
     fixed random ``W_1`` (8 x 64), ``b_1``, ``W_2`` (64 x 16) drawn from
     ``data_seed`` (the same source for every seed and variant). The network: an
     MLP encoder 16-``hidden``-``hidden``-``d``, the quantiser, an MLP decoder
-    ``d``-``hidden``-``hidden``-16 (ReLU). Codes start at N(0, ``init_scale``²);
-    Adam at ``learning_rate``; commitment weight ``commitment_weight`` (the
-    codebook loss has weight 1). EMA statistics with decay ``decay``; a code is
+    ``d``-``hidden``-``hidden``-16 (ReLU). Each set-up of ``setups`` (names from
+    :data:`SETUPS`) fixes how the codes start, how they learn, the EMA decay and the
+    loss weights; ``init_scale``, when given, replaces every set-up's scale of the
+    initial codes (the bound of uniform codes, the deviation of normal ones). Adam
+    at ``learning_rate`` trains the network (and gradient-trained codes). A code is
     dead when its EMA count falls below ``dead_fraction`` of the count it would
     have under uniform use (``dead_fraction * batch_size / K`` vectors per step);
     it is then replaced by a vector of the batch. k-means++ runs on
@@ -125,12 +214,18 @@ class CompareSettings:
     ``len(levels)`` channels and back (:func:`fsq_levels_for`). ``repeat_first``
     runs the first program a second time to count its compilations on known
     shapes (none expected).
+
+    ``digits`` adds the real-data check (:mod:`stejax.vq._digits`): a small
+    convolutional VQ-VAE on scikit-learn's 8x8 digits with ``digits_codebook_size``
+    codes of dimension ``digits_code_dim``, every VQ variant under the ``reference``
+    set-up and FSQ at the same number of codes, ``digits_steps`` steps.
     """
 
     seeds: tuple[int, ...] = (0, 1, 2)
-    codebook_sizes: tuple[int, ...] = (64, 512, 4096)
-    code_dims: tuple[int, ...] = (8, 32)
+    codebook_sizes: tuple[int, ...] = (512, 4096)
+    code_dims: tuple[int, ...] = (32,)
     variants: tuple[str, ...] = tuple(v.name for v in VARIANTS)
+    setups: tuple[str, ...] = tuple(u.name for u in SETUPS)
     steps: int = 1000
     batch_size: int = 256
     hidden: int = 64
@@ -138,16 +233,18 @@ class CompareSettings:
     data_dim: int = 16
     data_seed: int = 20240
     val_size: int = 32768
-    init_scale: float = 1.0
+    init_scale: float | None = None
     learning_rate: float = 1e-3
-    commitment_weight: float = 0.25
-    decay: float = 0.99
     dead_fraction: float = 0.1
     kmeans_per_code: int = 4
     kmeans_max: int = 16384
     kmeans_iters: int = 10
     lookup_dim: int = 4
     repeat_first: bool = True
+    digits: bool = True
+    digits_steps: int = 800
+    digits_codebook_size: int = 512
+    digits_code_dim: int = 16
 
     def __post_init__(self):
         if not self.seeds or len(set(self.seeds)) != len(self.seeds):
@@ -157,6 +254,14 @@ class CompareSettings:
             raise ValueError(
                 f"CompareSettings: unknown variant(s) {unknown}; expected names from {', '.join(_BY_NAME)}."
             )
+        unknown_setups = [u for u in self.setups if u not in _SETUP_BY_NAME]
+        if unknown_setups or not self.setups or len(set(self.setups)) != len(self.setups):
+            raise ValueError(
+                f"CompareSettings: unknown or repeated set-up(s) {unknown_setups or list(self.setups)}; "
+                f"expected distinct names from {', '.join(_SETUP_BY_NAME)}."
+            )
+        if self.init_scale is not None and not self.init_scale > 0:
+            raise ValueError(f"CompareSettings: `init_scale` must be > 0 or None; got {self.init_scale!r}.")
         for k in self.codebook_sizes:
             fsq_levels_for(k)
         if not self.code_dims or any(d < 1 for d in self.code_dims):
@@ -172,8 +277,8 @@ class CompareSettings:
             )
 
 
-# The speed run: all variants, K = 64, d = 8, two seeds, 200 steps.
-QUICK = CompareSettings(seeds=(0, 1), codebook_sizes=(64,), code_dims=(8,), steps=200, val_size=4096)
+# The speed run: all variants and set-ups, K = 64, d = 8, two seeds, 200 steps, no digits check.
+QUICK = CompareSettings(seeds=(0, 1), codebook_sizes=(64,), code_dims=(8,), steps=200, val_size=4096, digits=False)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -244,6 +349,7 @@ _ESTIMATORS: dict[str, Callable[..., jax.Array]] = {
 
 class _Model(NamedTuple):
     variant: Variant
+    setup: Setup
     settings: CompareSettings
     codebook_size: int
     code_dim: int
@@ -251,22 +357,40 @@ class _Model(NamedTuple):
     fsq: FSQ | None
 
 
-def _model(variant: Variant, s: CompareSettings, codebook_size: int, code_dim: int) -> _Model:
+def _codebook_init(setup: Setup, s: CompareSettings) -> tuple[str, float | None]:
+    """The set-up's ``code_init`` and ``init_scale``, with the settings' scale override."""
+    if s.init_scale is None:
+        return setup.code_init, setup.init_scale
+    return ("uniform" if setup.code_init == "kaiming_uniform" else setup.code_init), s.init_scale
+
+
+def _model(
+    variant: Variant, s: CompareSettings, codebook_size: int, code_dim: int, setup: Setup | str = "reference"
+) -> _Model:
+    setup = _SETUP_BY_NAME[setup] if isinstance(setup, str) else setup
     if variant.quantizer == "fsq":
-        return _Model(variant, s, codebook_size, code_dim, None, FSQ(fsq_levels_for(codebook_size)))
+        return _Model(variant, setup, s, codebook_size, code_dim, None, FSQ(fsq_levels_for(codebook_size)))
+    code_init, init_scale = _codebook_init(setup, s)
     codebook = Codebook(
         codebook_size=codebook_size,
         dim=code_dim,
         codebook_dim=min(s.lookup_dim, code_dim) if variant.low_dim else code_dim,
         distance=variant.distance,
         estimator=_ESTIMATORS[variant.estimator],
-        update=variant.update,
-        decay=s.decay,
+        update=variant.update or setup.update,
+        decay=setup.decay,
+        eps=setup.eps,
         dead_code_threshold=s.dead_fraction * s.batch_size / codebook_size if variant.dead_codes else 0.0,
-        init_scale=s.init_scale,
+        code_init=code_init,
+        init_scale=init_scale,
         lookup="matmul",
     )
-    return _Model(variant, s, codebook_size, code_dim, codebook, None)
+    return _Model(variant, setup, s, codebook_size, code_dim, codebook, None)
+
+
+def _runs_in(variant: Variant, setup: Setup) -> bool:
+    """Whether ``variant`` is a distinct run under ``setup``: an EMA variant in an EMA set-up is its STE twin."""
+    return not (variant.update is not None and variant.update == setup.update)
 
 
 def _init(m: _Model, key):
@@ -276,14 +400,14 @@ def _init(m: _Model, key):
         "encoder": _mlp_init(k_enc, (s.data_dim, s.hidden, s.hidden, m.code_dim)),
         "decoder": _mlp_init(k_dec, (m.code_dim, s.hidden, s.hidden, s.data_dim)),
     }
-    state = CodebookState(jnp.zeros((0,)), jnp.zeros((0, 0)))
+    state = CodebookState(jnp.zeros((0,)), jnp.zeros((0, 0)), jnp.zeros((), jnp.int32))
     if m.codebook is not None:
         params["codebook"], state = m.codebook.init(key=k_q)
         # The statistics start at uniform use (batch / K per code and step), so that dead-code
         # replacement judges a code by its own use from the first steps on.
         start = jnp.float32(s.batch_size / m.codebook_size)
         codes = m.codebook.codes(params["codebook"]).astype(jnp.float32)
-        state = CodebookState(jnp.full((m.codebook_size,), start), codes * start)
+        state = state._replace(cluster_size=jnp.full((m.codebook_size,), start), embed_sum=codes * start)
     elif m.fsq is not None:
         k_in, k_out = keys.split(k_q, where="vq compare: fsq projections")
         params["fsq"] = {
@@ -303,25 +427,33 @@ class _Quantized(NamedTuple):
     indices: jax.Array  # (B,) int32
     aux_loss: jax.Array  # ()
     out: Any  # the CodebookOutput for VQ, else None
+    vectors: jax.Array  # (B, d'): what is quantised (projected, normalised for cosine)
+    codes: jax.Array  # (B, d'): the code each vector got
 
 
 def _quantize(m: _Model, params, z) -> _Quantized:
-    s = m.settings
     if m.codebook is not None:
         out = m.codebook.quantize(params["codebook"], z)
-        weight = 0.0 if m.variant.estimator == "none" else s.commitment_weight
-        aux = m.codebook.loss(out, commitment_weight=weight)
-        return _Quantized(out.quantized, out.indices[:, 0], aux, out)
+        weight = 0.0 if m.variant.estimator == "none" else m.setup.commitment_weight
+        aux = m.codebook.loss(out, commitment_weight=weight, codebook_weight=m.setup.codebook_weight)
+        return _Quantized(out.quantized, out.indices[:, 0], aux, out, out.vectors[:, 0], out.codes[:, 0])
     if m.fsq is None:  # _model makes one or the other
         raise ValueError(f"vq compare: variant {m.variant.name!r} has neither a codebook nor FSQ.")
-    q = m.fsq(_affine(params["fsq"]["project_in"], z))
+    v = _affine(params["fsq"]["project_in"], z)
+    q = m.fsq(v)
     latent = _affine(params["fsq"]["project_out"], q)
-    return _Quantized(latent, m.fsq.codes_to_indices(q), jnp.zeros(()), None)
+    return _Quantized(latent, m.fsq.codes_to_indices(q), jnp.zeros(()), None, v, q)
 
 
 def _forward(m: _Model, params, x):
     qz = _quantize(m, params, _mlp(params["encoder"], x))
     return _mlp(params["decoder"], qz.latent), qz
+
+
+def _forward_with_latent(m: _Model, params, x):
+    z = _mlp(params["encoder"], x)
+    qz = _quantize(m, params, z)
+    return _mlp(params["decoder"], qz.latent), qz, z
 
 
 def _loss(m: _Model, params, x):
@@ -358,7 +490,11 @@ def _run_one(m: _Model, key, source: Source, x_val):
             params["codebook"], cb_state, vectors, key=k_means, iters=s.kmeans_iters, seeding="kmeans++"
         )
         start = jnp.float32(s.batch_size / m.codebook_size)
-        cb_state = CodebookState(cb_state.cluster_size, cb.codes(params["codebook"]).astype(jnp.float32) * start)
+        cb_state = cb_state._replace(
+            embed_sum=cb.codes(params["codebook"]).astype(jnp.float32) * start,
+            code_init=jnp.int32(CODE_INITS.index("kmeans")),
+        )
+    before = _evaluate(m, params, x_val)
     opt_state = optimizer.init(params)
     track = cb is not None and (cb.update == "ema" or cb.dead_code_threshold > 0)
 
@@ -379,29 +515,56 @@ def _run_one(m: _Model, key, source: Source, x_val):
 
     step_keys = keys.split(k_run, s.steps, where="vq compare: one key per step")
     (params, _, _), (mse, replaced) = jax.lax.scan(step, (params, opt_state, cb_state), step_keys)
+    after = _evaluate(m, params, x_val)
     return {
-        **_evaluate(m, params, x_val),
+        **{key: after[key] for key in _END_ONLY},
+        **{f"{key}_start": before[key] for key in _DIAGNOSTICS},
+        **{f"{key}_end": after[key] for key in _DIAGNOSTICS},
         "train_mse_end": jnp.mean(mse[-max(1, s.steps // 10) :]),
         "replaced": jnp.sum(replaced),
     }
 
 
+# The collapse diagnostics, measured before training and after it.
+_DIAGNOSTICS = ("usage", "z_norm", "q_norm_used", "q_norm_all", "quant_error", "cosine")
+_END_ONLY = ("usage", "batch_usage", "perplexity", "val_mse")
+
+
 def _evaluate(m: _Model, params, x_val):
-    """The validation epoch in batches of ``batch_size``: usage (whole epoch and per batch), perplexity, MSE."""
+    """The validation epoch in batches of ``batch_size``: usage (whole epoch and per batch), perplexity, MSE and
+    the collapse diagnostics (means over the epoch's vectors; a NaN where a diagnostic has no meaning)."""
     s = m.settings
     k = m.codebook_size
     batches = x_val.reshape(-1, s.batch_size, s.data_dim)
 
     def one(x):
-        recon, qz = _forward(m, params, x)
-        return qz.indices, jnp.sum(jnp.square(recon - x))
+        recon, qz, z = _forward_with_latent(m, params, x)
+        v, q = qz.vectors.astype(jnp.float32), qz.codes.astype(jnp.float32)
+        norm_v, norm_q = jnp.linalg.norm(v, axis=-1), jnp.linalg.norm(q, axis=-1)
+        cos = jnp.sum(v * q, axis=-1) / jnp.maximum(norm_v * norm_q, 1e-12)
+        sums = jnp.stack([jnp.sum(jnp.linalg.norm(z, axis=-1)), jnp.sum(jnp.linalg.norm(v - q, axis=-1)), jnp.sum(cos)])
+        return qz.indices, jnp.sum(jnp.square(recon - x)), sums
 
-    indices, err = jax.lax.map(one, batches)
+    indices, err, sums = jax.lax.map(one, batches)
+    n = x_val.shape[0]
+    z_norm, quant_error, cosine = jnp.sum(sums, axis=0) / n
+    if m.codebook is not None:
+        norms = jnp.linalg.norm(m.codebook.codes(params["codebook"]).astype(jnp.float32), axis=-1)
+        used = jnp.bincount(indices.reshape(-1), length=k) > 0
+        q_norm_all = jnp.mean(norms)
+        q_norm_used = jnp.sum(jnp.where(used, norms, 0.0)) / jnp.maximum(jnp.sum(used), 1)
+    else:  # FSQ's codes are a fixed grid: no codebook to measure
+        q_norm_all = q_norm_used = jnp.float32(jnp.nan)
     return {
         "usage": usage(indices, k),
         "batch_usage": batch_usage(indices, k),
         "perplexity": perplexity(indices, k),
         "val_mse": jnp.sum(err) / x_val.size,
+        "z_norm": z_norm,
+        "q_norm_used": q_norm_used,
+        "q_norm_all": q_norm_all,
+        "quant_error": quant_error,
+        "cosine": cosine,
     }
 
 
@@ -428,23 +591,45 @@ def data_cap(s: CompareSettings, x_val: np.ndarray) -> dict[str, Any]:
     }
 
 
+def jobs_of(s: CompareSettings) -> list[tuple[str | None, str, int, int]]:
+    """The programs of a run, in order: ``(setup, variant, K, d)``; FSQ once per ``K`` and ``d`` (set-up None)."""
+    jobs: list[tuple[str | None, str, int, int]] = []
+    for setup in s.setups:
+        for d in s.code_dims:
+            for k in s.codebook_sizes:
+                for name in s.variants:
+                    variant = _BY_NAME[name]
+                    if variant.quantizer == "fsq":
+                        if setup == s.setups[0]:
+                            jobs.append((None, name, k, d))
+                    elif _runs_in(variant, _SETUP_BY_NAME[setup]):
+                        jobs.append((setup, name, k, d))
+    return jobs
+
+
 def compare(
     settings: CompareSettings = CompareSettings(),
     *,
     workers: int = 1,
     progress: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
-    """Train every variant at every ``K`` and ``d`` on every seed; return the report (a JSON-ready dict).
+    """Train every variant under every set-up at every ``K`` and ``d`` on every seed; return the report.
 
-    The report has ``rows`` (one per variant, ``K``, ``d`` and seed: ``usage``,
-    ``batch_usage``, ``perplexity``, ``perplexity_over_k``, ``val_mse``,
-    ``mse_over_fsq``, ``train_mse_end``, ``replaced``, ``bits``), ``summary`` (the
-    same, mean over seeds, plus ``usage_std`` and ``val_mse_std``), ``targets``
-    (judged, met or missed), ``data`` (the data cap), ``programs`` (seconds and XLA
-    compilations of each variant's program: ``compiles`` while it first ran,
-    ``compiles_again`` while it ran a second time on the same shapes, when
-    ``repeat_first`` asks for it), ``compiles`` (all of them), ``seconds`` and
-    ``settings``.
+    The report (a JSON-ready dict) has ``rows`` (one per set-up, variant, ``K``,
+    ``d`` and seed: ``usage``, ``batch_usage``, ``perplexity``,
+    ``perplexity_over_k``, ``val_mse``, ``mse_over_fsq``, ``train_mse_end``,
+    ``replaced``, ``bits`` and the collapse diagnostics ``*_start`` and ``*_end``:
+    ``usage``, ``z_norm`` (the encoder's mean ``||z||``), ``q_norm_used`` and
+    ``q_norm_all`` (the codes' mean norm over the codes used in the validation
+    epoch and over the whole codebook), ``quant_error`` (the mean ``||v - q||``
+    between each quantised vector and its code) and ``cosine`` (their mean cosine);
+    FSQ's rows stand in every set-up), ``summary`` (the same, mean over seeds, plus
+    ``usage_std`` and ``val_mse_std``), ``targets`` (judged, met or missed),
+    ``digits`` (the real-data check, when ``settings.digits``), ``data`` (the data
+    cap), ``programs`` (seconds and XLA compilations of each program: ``compiles``
+    while it first ran, ``compiles_again`` while it ran a second time on the same
+    shapes, when ``repeat_first`` asks for it), ``compiles`` (all of them),
+    ``seconds``, ``settings`` and ``setups``.
 
     ``workers`` programs run at once in threads (the results do not depend on it);
     with more than one, the compilations are counted for the whole run only.
@@ -462,11 +647,11 @@ def compare(
     x_val.block_until_ready()
     cap = data_cap(s, np.asarray(x_val))
     seed_keys = jnp.stack([jax.random.key(seed) for seed in s.seeds])
-    jobs = [(name, k, d) for d in s.code_dims for k in s.codebook_sizes for name in s.variants]
+    jobs = jobs_of(s)
 
     def one(job, count: bool):
-        name, k, code_dim = job
-        run = _program(_model(_BY_NAME[name], s, k, code_dim))
+        setup, name, k, code_dim = job
+        run = _program(_model(_BY_NAME[name], s, k, code_dim, setup or s.setups[0]))
         t0 = time.perf_counter()
         if count:
             with CompileCounter() as first:
@@ -474,6 +659,7 @@ def compare(
         else:
             out = jax.tree.map(np.asarray, run(seed_keys, source, x_val))
         info: dict[str, Any] = {
+            "setup": setup,
             "variant": name,
             "codebook_size": k,
             "code_dim": code_dim,
@@ -484,10 +670,11 @@ def compare(
             with CompileCounter() as again:  # the same shapes: the cached executable, no compilation
                 jax.tree.map(np.asarray, run(seed_keys, source, x_val))
             info["compiles_again"] = again.count
-        rows = _rows(name, k, code_dim, s, out)
+        rows = _rows(setup, name, k, code_dim, s, out)
         say(
-            f"{name:>13} K={k:<5} d={code_dim:<3} usage {np.mean(out['usage']):.3f} "
-            f"batch {np.mean(out['batch_usage']):.4f} mse {np.mean(out['val_mse']):.4f} "
+            f"{setup or 'any':>9} {name:>15} K={k:<5} d={code_dim:<3} usage {np.mean(out['usage']):.3f} "
+            f"(start {np.mean(out['usage_start']):.3f}) mse {np.mean(out['val_mse']):.4f} "
+            f"|z| {np.mean(out['z_norm_start']):.2f}->{np.mean(out['z_norm_end']):.2f} "
             f"({info['seconds']:.1f} s" + (f", {info['compiles']} compilation(s))" if count else ")")
         )
         return rows, info
@@ -499,13 +686,19 @@ def compare(
         else:
             with ThreadPoolExecutor(workers) as pool:
                 results = list(pool.map(lambda job: one(job, False), jobs))
-    rows = [r for rs, _ in results for r in rs]
+    rows = share_fsq([r for rs, _ in results for r in rs], s.setups)
     _add_fsq_ratios(rows)
     summary = summarize(rows)
+    digits = None
+    if s.digits:
+        from stejax.vq._digits import digits_check
+
+        digits = digits_check(s, workers=workers, progress=say)
     return {
         "rows": rows,
         "summary": summary,
-        "targets": judge_targets(summary, s),
+        "targets": judge_targets(summary, s, digits=digits),
+        "digits": digits,
         "data": cap,
         "programs": [info for _, info in results],
         "compiles": total.count,
@@ -513,57 +706,88 @@ def compare(
         "workers": workers,
         "settings": dataclasses.asdict(s),
         "variants": {v.name: v.description for v in VARIANTS if v.name in s.variants},
+        "setups": {u.name: u.description for u in SETUPS if u.name in s.setups},
     }
 
 
-def _rows(name: str, k: int, code_dim: int, s: CompareSettings, out: dict[str, np.ndarray]) -> list[dict[str, Any]]:
+def share_fsq(rows: list[dict[str, Any]], setups: Sequence[str]) -> list[dict[str, Any]]:
+    """FSQ's rows (set-up None: it has no codebook) copied into every set-up, after the set-up's own rows."""
+    out = []
+    for setup in setups:
+        out += [r for r in rows if r["setup"] == setup]
+        out += [{**r, "setup": setup} for r in rows if r["setup"] is None]
+    return out
+
+
+def _rows(
+    setup: str | None, name: str, k: int, code_dim: int, s: CompareSettings, out: dict[str, np.ndarray]
+) -> list[dict[str, Any]]:
     rows = []
+    extra = ("train_mse_end", *(f"{key}_{when}" for key in _DIAGNOSTICS for when in ("start", "end")))
     for i, seed in enumerate(s.seeds):
         row: dict[str, Any] = {
+            "setup": setup,
             "variant": name,
             "codebook_size": k,
             "code_dim": code_dim,
             "seed": seed,
             "bits": math.log2(k),
             **{key: float(out[key][i]) for key in ("usage", "batch_usage", "perplexity", "val_mse")},
-            "train_mse_end": float(out["train_mse_end"][i]),
+            **{key: _finite_or_none(out[key][i]) for key in extra},
             "replaced": int(out["replaced"][i]),
         }
         row["perplexity_over_k"] = row["perplexity"] / k
         for key in ("val_mse", "train_mse_end", "perplexity"):
-            if not math.isfinite(row[key]):
+            if row[key] is None or not math.isfinite(row[key]):
                 raise FloatingPointError(
-                    f"vq compare: variant {name!r}, K={k}, d={code_dim}, seed {seed}: {key} is {row[key]}; "
-                    f"training diverged."
+                    f"vq compare: set-up {setup!r}, variant {name!r}, K={k}, d={code_dim}, seed {seed}: "
+                    f"{key} is {row[key]}; training diverged."
                 )
         rows.append(row)
     return rows
 
 
+def _finite_or_none(value: Any) -> float | None:
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
 def _add_fsq_ratios(rows: list[dict[str, Any]]) -> None:
     """``mse_over_fsq``: each row's MSE over FSQ's mean MSE (over seeds) at the same ``K`` and ``d``."""
-    fsq: dict[tuple[int, int], list[float]] = {}
+    fsq: dict[tuple[Any, int, int], list[float]] = {}
     for r in rows:
         if r["variant"] == "fsq":
-            fsq.setdefault((r["codebook_size"], r["code_dim"]), []).append(r["val_mse"])
+            fsq.setdefault((r.get("setup"), r["codebook_size"], r["code_dim"]), []).append(r["val_mse"])
     for r in rows:
-        ref = fsq.get((r["codebook_size"], r["code_dim"]))
+        ref = fsq.get((r.get("setup"), r["codebook_size"], r["code_dim"]))
         r["mse_over_fsq"] = r["val_mse"] / float(np.mean(ref)) if ref else None
 
 
-_MEAN_KEYS = ("usage", "batch_usage", "perplexity", "perplexity_over_k", "val_mse", "mse_over_fsq", "train_mse_end")
+DIAGNOSTIC_KEYS = tuple(f"{key}_{when}" for key in _DIAGNOSTICS for when in ("start", "end"))
+_MEAN_KEYS = (
+    "usage",
+    "batch_usage",
+    "perplexity",
+    "perplexity_over_k",
+    "val_mse",
+    "mse_over_fsq",
+    "train_mse_end",
+    *DIAGNOSTIC_KEYS,
+)
 
 
 def summarize(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per variant, ``K`` and ``d``: the mean over seeds (``usage_std``, ``val_mse_std`` their spread)."""
-    groups: dict[tuple[str, int, int], list[dict[str, Any]]] = {}
+    """One row per set-up, variant, ``K`` and ``d``: the mean over seeds (``usage_std``, ``val_mse_std`` their
+    spread)."""
+    groups: dict[tuple[Any, str, int, int], list[dict[str, Any]]] = {}
     for r in rows:
-        groups.setdefault((r["variant"], r["codebook_size"], r["code_dim"]), []).append(r)
+        groups.setdefault((r.get("setup"), r["variant"], r["codebook_size"], r["code_dim"]), []).append(r)
     out = []
-    for (name, k, d), rs in groups.items():
-        entry: dict[str, Any] = {"variant": name, "codebook_size": k, "code_dim": d, "bits": math.log2(k)}
+    for (setup, name, k, d), rs in groups.items():
+        entry: dict[str, Any] = {"setup": setup, "variant": name, "codebook_size": k, "code_dim": d}
+        entry["bits"] = math.log2(k)
         for key in _MEAN_KEYS:
-            values = [r[key] for r in rs if r[key] is not None]
+            values = [r[key] for r in rs if r.get(key) is not None]
             entry[key] = float(np.mean(values)) if values else None
         entry["usage_std"] = float(np.std([r["usage"] for r in rs], ddof=1)) if len(rs) > 1 else 0.0
         entry["val_mse_std"] = float(np.std([r["val_mse"] for r in rs], ddof=1)) if len(rs) > 1 else 0.0
@@ -576,105 +800,109 @@ def summarize(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 # Targets
 # ------------------------------------------------------------------------------------------------
 
-# The variants that keep a codebook alive by some mechanism (the negative control is not one).
-_METHODS = ("ste", "rotation", "ema", "kmeans", "dead", "dead_ema", "dead_rotation", "cosine", "low_dim", "fsq")
+# The VQ variants that keep a codebook alive by some mechanism (the negative control is not one).
+_VQ_METHODS = (
+    "ste",
+    "rotation",
+    "ema",
+    "kmeans",
+    "dead",
+    "dead_ema",
+    "dead_rotation",
+    "kmeans_rotation",
+    "cosine",
+    "low_dim",
+)
+_METHODS = (*_VQ_METHODS, "fsq")
 
 
-def judge_targets(summary: Sequence[dict[str, Any]], s: CompareSettings) -> list[dict[str, Any]]:
+def judge_targets(
+    summary: Sequence[dict[str, Any]], s: CompareSettings, *, digits: dict[str, Any] | None = None
+) -> list[dict[str, Any]]:
     """Judge the comparison's targets on the means over seeds; each ``{key, name, passed, value, detail}``.
 
-    A target whose variants or sizes are not in the run is left out.
+    The targets hold in the ``reference`` set-up unless they name another; a
+    target whose set-up, variants or sizes are not in the run is left out. Rows
+    without a ``setup`` key count as ``reference``.
     """
-    at = {(e["variant"], e["codebook_size"], e["code_dim"]): e for e in summary}
+    at = {(e.get("setup") or "reference", e["variant"], e["codebook_size"], e["code_dim"]): e for e in summary}
     out: list[dict[str, Any]] = []
 
     def add(key, name, passed, value, detail):
         out.append({"key": key, "name": name, "passed": bool(passed), "value": value, "detail": detail})
 
+    def get(setup, v, k, d):
+        return at.get((setup, v, k, d))
+
+    ref = "reference"
     dims, sizes = s.code_dims, s.codebook_sizes
-    kmin, kmax = min(sizes), max(sizes)
-    if kmin <= 64:
-        worst = [(at[(v, kmin, d)]["usage"], v, d) for v in _METHODS for d in dims if (v, kmin, d) in at]
-        if worst:
-            u, v, d = min(worst)
-            add("k64_usage", f"K = {kmin}: every variant's usage >= 0.95", u >= 0.95, u, f"lowest: {v}, d={d}: {u:.3f}")
-        pairs = [
-            (at[("rotation", kmin, d)]["usage"], at[("ste", kmin, d)]["usage"], d)
-            for d in dims
-            if ("rotation", kmin, d) in at and ("ste", kmin, d) in at
-        ]
-        if pairs:
-            ok = all(r >= t - 0.05 for r, t, _ in pairs)
-            gap = min(r - t for r, t, _ in pairs)
-            add(
-                "k64_rotation_noninferior",
-                f"K = {kmin}: rotation usage >= STE - 0.05",
-                ok,
-                gap,
-                "; ".join(f"d={d}: {r:.3f} vs {t:.3f}" for r, t, d in pairs),
-            )
-    for d in dims:
-        if ("ste", kmax, d) in at:
-            u = at[("ste", kmax, d)]["usage"]
-            add(f"ste_collapses_d{d}", f"K = {kmax}, d = {d}: STE usage <= 0.25", u <= 0.25, u, f"{u:.3f}")
-    rot = []
-    for d in dims:
-        for k in sizes:
-            if ("ste", k, d) in at and ("rotation", k, d) in at and at[("ste", k, d)]["usage"] < 0.6:
-                rot.append((at[("rotation", k, d)]["usage"], at[("ste", k, d)]["usage"], k, d))
-    if rot:
-        ok = all(r >= t + 0.2 for r, t, _, _ in rot)
+    kmax = max(sizes)
+    big = [k for k in sizes if k >= 512] or list(sizes)
+    pairs = [
+        (get(ref, "rotation", k, d), get(ref, "ste", k, d), k, d)
+        for d in dims
+        for k in big
+        if get(ref, "rotation", k, d) and get(ref, "ste", k, d)
+    ]
+    low = [(r["usage"], t["usage"], k, d) for r, t, k, d in pairs if t["usage"] < 0.6]
+    if low:
         add(
             "rotation_lifts",
-            "rotation usage >= STE + 0.2 wherever STE < 0.6",
-            ok,
-            min(r - t for r, t, _, _ in rot),
-            "; ".join(f"K={k}, d={d}: {r:.3f} vs {t:.3f}" for r, t, k, d in rot),
+            "rotation usage >= STE + 0.2 wherever STE < 0.6 (K >= 512)",
+            all(r >= t + 0.2 for r, t, _, _ in low),
+            min(r - t for r, t, _, _ in low),
+            "; ".join(f"K={k}, d={d}: {r:.3f} vs {t:.3f}" for r, t, k, d in low),
         )
-    for v in ("dead_ema", "dead_rotation"):
-        for d in dims:
-            if (v, kmax, d) in at:
-                u = at[(v, kmax, d)]["usage"]
-                add(f"{v}_d{d}", f"K = {kmax}, d = {d}: {v} usage >= 0.95", u >= 0.95, u, f"{u:.3f}")
-    d8 = 8 if 8 in dims else min(dims)
-    if ("ema", kmax, d8) in at:
-        u = at[("ema", kmax, d8)]["usage"]
-        add("ema_usage", f"K = {kmax}, d = {d8}: EMA usage >= 0.7", u >= 0.7, u, f"{u:.3f}")
-    fsq = [(at[("fsq", k, d)]["usage"], k, d) for k in sizes for d in dims if ("fsq", k, d) in at]
-    if fsq:
-        u, k, d = min(fsq)
-        add("fsq_usage", "FSQ usage >= 0.95 at every K", u >= 0.95, u, f"lowest: K={k}, d={d}: {u:.3f}")
+    if pairs:
+        gaps = [(r["usage"] - t["usage"], k, d) for r, t, k, d in pairs]
+        add(
+            "rotation_noninferior",
+            "rotation usage >= STE - 0.05 (K >= 512)",
+            all(g >= -0.05 for g, _, _ in gaps),
+            min(g for g, _, _ in gaps),
+            "; ".join(f"K={k}, d={d}: {r['usage']:.3f} vs {t['usage']:.3f}" for r, t, k, d in pairs),
+        )
+        ratios = [(r["val_mse"] / t["val_mse"], k, d) for r, t, k, d in pairs]
+        add(
+            "rotation_mse",
+            "rotation MSE <= STE's (K >= 512)",
+            all(x <= 1.0 for x, _, _ in ratios),
+            max(x for x, _, _ in ratios),
+            "; ".join(f"K={k}, d={d}: {r['val_mse']:.4f} vs {t['val_mse']:.4f}" for r, t, k, d in pairs),
+        )
     for d in dims:
-        if ("fsq", kmax, d) not in at:
-            continue
-        f = at[("fsq", kmax, d)]["val_mse"]
-        vq = [(at[(v, kmax, d)]["val_mse"], v) for v in _METHODS if v != "fsq" and (v, kmax, d) in at]
-        if vq:
+        if e := get(ref, "dead_rotation", kmax, d):
+            u = e["usage"]
+            add(f"dead_rotation_d{d}", f"K = {kmax}, d = {d}: dead_rotation usage >= 0.95", u >= 0.95, u, f"{u:.3f}")
+    fsq = [(at[key]["usage"], at[key]["perplexity"], key[2], key[3]) for key in at if key[1] == "fsq"]
+    if fsq:
+        u, p, k, d = min(fsq)
+        add(
+            "fsq_usage",
+            "FSQ usage >= 0.95 at every K",
+            u >= 0.95,
+            u,
+            f"lowest: K={k}, d={d}: {u:.3f}; entropy of its codes {math.log2(p):.2f} bits of {math.log2(k):.0f}",
+        )
+    for d in dims:
+        f = get(ref, "fsq", kmax, d)
+        vq = [(e["val_mse"], v) for v in _VQ_METHODS if (e := get(ref, v, kmax, d))]
+        if f and vq:
             best, v = min(vq)
             add(
                 f"best_vs_fsq_d{d}",
                 f"K = {kmax}, d = {d}: best VQ MSE <= 1.1 x FSQ",
-                best <= 1.1 * f,
-                best / f,
-                f"{v}: {best:.4f} vs FSQ {f:.4f} ({best / f:.2f}x)",
-            )
-        if ("ste", kmax, d) in at:
-            e = at[("ste", kmax, d)]["val_mse"]
-            add(
-                f"ste_worse_than_fsq_d{d}",
-                f"K = {kmax}, d = {d}: STE MSE > FSQ",
-                e > f,
-                e / f,
-                f"{e:.4f} vs FSQ {f:.4f} ({e / f:.2f}x)",
+                best <= 1.1 * f["val_mse"],
+                best / f["val_mse"],
+                f"{v}: {best:.4f} vs FSQ {f['val_mse']:.4f} ({best / f['val_mse']:.2f}x)",
             )
     ctl = []
     for d in dims:
         for k in sizes:
-            if ("no_gradient", k, d) not in at:
-                continue
-            best = min((at[(v, k, d)]["val_mse"] for v in _METHODS if (v, k, d) in at), default=None)
-            if best is not None:
-                ctl.append((at[("no_gradient", k, d)]["val_mse"] / best, k, d))
+            c = get(ref, "no_gradient", k, d)
+            best = min((e["val_mse"] for v in _METHODS if (e := get(ref, v, k, d))), default=None)
+            if c and best is not None:
+                ctl.append((c["val_mse"] / best, k, d))
     if ctl:
         r, k, d = min(ctl)
         add(
@@ -683,5 +911,47 @@ def judge_targets(summary: Sequence[dict[str, Any]], s: CompareSettings) -> list
             r >= 2,
             r,
             f"lowest ratio: K={k}, d={d}: {r:.2f}x",
+        )
+    for d in dims:
+        r, t = get("wide-init", "rotation", kmax, d), get("wide-init", "ste", kmax, d)
+        if r and t:
+            add(
+                f"wide_init_collapse_d{d}",
+                f"wide-init, K = {kmax}, d = {d}: rotation collapses (usage <= 0.25 and below STE's)",
+                r["usage"] <= 0.25 and r["usage"] < t["usage"],
+                r["usage"],
+                f"rotation {r['usage']:.3f} vs STE {t['usage']:.3f}",
+            )
+    if digits:
+        out += judge_digits(digits["summary"], digits["codebook_size"])
+    return out
+
+
+def judge_digits(summary: Sequence[dict[str, Any]], codebook_size: int) -> list[dict[str, Any]]:
+    """The digits check's targets: the best VQ variant (lowest MSE) uses >= 90% of its codes, at FSQ's MSE or below."""
+    vq = [e for e in summary if e["variant"] in _VQ_METHODS]
+    fsq = [e for e in summary if e["variant"] == "fsq"]
+    if not vq:
+        return []
+    best = min(vq, key=lambda e: e["val_mse"])
+    out = [
+        {
+            "key": "digits_usage",
+            "name": f"digits, K = {codebook_size}: the best VQ variant's usage >= 0.9",
+            "passed": best["usage"] >= 0.9,
+            "value": best["usage"],
+            "detail": f"{best['variant']}: {best['usage']:.3f}",
+        }
+    ]
+    if fsq:
+        f = fsq[0]["val_mse"]
+        out.append(
+            {
+                "key": "digits_vs_fsq",
+                "name": f"digits, K = {codebook_size}: the best VQ variant's MSE <= FSQ's",
+                "passed": best["val_mse"] <= f,
+                "value": best["val_mse"] / f,
+                "detail": f"{best['variant']}: {best['val_mse']:.4f} vs FSQ {f:.4f} ({best['val_mse'] / f:.2f}x)",
+            }
         )
     return out

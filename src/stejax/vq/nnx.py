@@ -51,6 +51,7 @@ class VectorQuantizer(nnx.Module):
             self.project_out = nnx.data({k: nnx.Param(v) for k, v in params["project_out"].items()})
         self.cluster_size = CodebookStat(state.cluster_size)
         self.embed_sum = CodebookStat(state.embed_sum)
+        self.code_init = CodebookStat(state.code_init)  # how the codes were initialised (CodebookState.code_init)
 
     def params(self) -> dict[str, Any]:
         """The parameter PyTree the pure :class:`~stejax.vq.Codebook` methods take."""
@@ -62,12 +63,14 @@ class VectorQuantizer(nnx.Module):
 
     def state(self) -> CodebookState:
         """The statistics as a :class:`~stejax.vq.CodebookState`."""
-        return CodebookState(self.cluster_size[...], self.embed_sum[...])
+        return CodebookState(self.cluster_size[...], self.embed_sum[...], self.code_init[...])
 
     def _store(self, params: dict[str, Any], state: CodebookState) -> None:
         self.codes[...] = jax.lax.stop_gradient(params["codes"])
         self.cluster_size[...] = state.cluster_size
         self.embed_sum[...] = state.embed_sum
+        if state.code_init is not None:
+            self.code_init[...] = state.code_init
 
     def __call__(self, z: ArrayLike, *, update: bool = False, key: jax.Array | None = None) -> CodebookOutput:
         """:meth:`Codebook.quantize`; with ``update=True`` then :meth:`Codebook.update_state` in place, and with a
