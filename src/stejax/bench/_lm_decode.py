@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -897,6 +898,33 @@ def device_figures(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def merge_device_results(paths: Sequence[str | Path], out: str | Path, *, command: str) -> dict[str, Any]:
+    """One results file from the part files :func:`main` wrote on one machine: their rows, figures over all.
+
+    The conditions (commit, date, machine, load) are the first part's; ``command`` names every part's command.
+    """
+    from stejax.bench.results import Recorder, load_results
+
+    parts = [load_results(p) for p in paths]
+    rows = [r for part in parts for r in part["rows"]]
+    first = parts[0]
+    return Recorder("lm_decode_device", command=command).write(
+        out,
+        rows=rows,
+        columns=DEVICE_COLUMNS,
+        figures=device_figures(rows),
+        notes=(
+            "Random weights; 64-byte prompts, greedy; new_bytes per row per call. bytes/s: all rows' bytes per "
+            "second of decoding steps (batch / step time), the prefill timed apart as first byte ms. Roofline: the "
+            "resident weight bytes read per step times steps per second over the HBM bandwidth (819 GB/s)."
+        ),
+        commit=first["commit"],
+        date=first["date"],
+        machine=first["machine"],
+        load=first["load"],
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """Measure :func:`device_rows` for one model and write a results file (``--out``)."""
     import argparse
@@ -915,20 +943,66 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     recorder = Recorder("lm_decode_device", command=f"python -m stejax.bench._lm_decode {' '.join(argv or [])}".strip())
     rows: list[dict[str, Any]] = []
-    for form in args.forms.split(","):  # written after each form: a run cut short keeps what it measured
-        rows += device_rows(
-            args.model,
-            [form],
-            [int(b) for b in args.batches.split(",")],
-            tokens=args.tokens,
-            repeats=args.repeats,
-            loop_bytes=args.loop_bytes,
-            implementation=args.implementation,
-        )
+    for spec in args.forms.split(","):  # written after each form: a run cut short keeps what it measured
+        form, _, product = spec.partition("@")  # "ternary-2bit@xla": that form with XLA's product
+        try:
+            rows += device_rows(
+                args.model,
+                [form],
+                [int(b) for b in args.batches.split(",")],
+                tokens=args.tokens,
+                repeats=args.repeats,
+                loop_bytes=args.loop_bytes,
+                implementation=product or args.implementation,
+            )
+        except Exception as error:  # a form that fails on this device is reported, not timed
+            print(f"{args.model} {spec}: not measured: {type(error).__name__}: {str(error)[:2000]}", file=sys.stderr)
+            continue
         recorder.write(args.out, rows=rows, columns=DEVICE_COLUMNS, figures=device_figures(rows))
+        for r in rows[-len(args.batches.split(",")) :]:
+            print(
+                f"{r['model']} {r['weights']} {r['implementation']} batch {r['batch']}: {r['decode_bytes_per_s']:,.0f} "
+                f"bytes/s, step {r['step_us']:,.0f} us, first byte {r['first_byte_ms']:.1f} ms, roofline "
+                f"{r['roofline']:.0%}, compiles {r['compiles']}",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":
-    import sys
-
     main(sys.argv[1:])
+
+
+def device_plot(rows: Sequence[dict[str, Any]], out: Path) -> Path:
+    """Decoding bytes per second against resident weight bytes, batch 1: one point per model and form."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7.5, 4.6))
+    chosen = [r for r in rows if r["batch"] == 1 and r["path"] == "compiled"]
+    forms = list(dict.fromkeys(r["weights"] for r in chosen))
+    for i, form in enumerate(forms):
+        points = sorted(
+            (r["resident_weight_bytes"], r["decode_bytes_per_s"], r["model"]) for r in chosen if r["weights"] == form
+        )
+        ax.plot([p[0] for p in points], [p[1] for p in points], "o-", color=plt.get_cmap("tab10")(i % 10), label=form)
+        for x, y, model in points:
+            ax.annotate(model, (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
+    if chosen:  # the HBM roofline: one step reads every resident byte once
+        xs = np.geomspace(
+            min(r["resident_weight_bytes"] for r in chosen), max(r["resident_weight_bytes"] for r in chosen)
+        )
+        ax.plot(xs, HBM_BYTES_PER_S / xs, "k--", linewidth=0.8, label="roofline (819 GB/s)")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("resident weight bytes")
+    ax.set_ylabel("generated bytes per second (batch 1)")
+    ax.set_title(f"stejax LM decoding on {chosen[0]['device'] if chosen else 'the device'}: greedy, batch 1")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
