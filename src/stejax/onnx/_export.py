@@ -58,9 +58,8 @@ class OnnxParity:
         if self.tolerance == 0:
             bound = "bit for bit" if self.max_abs_diff == 0 else "expected bit for bit"
         else:
-            bound = (
-                f"tolerance {LOGIT_TOLERANCE:.0%} of the largest |logit| {self.max_abs_logit:.3g}: {self.tolerance:.3g}"
-            )
+            share = self.tolerance / self.max_abs_logit
+            bound = f"tolerance {share:.0%} of the largest |logit| {self.max_abs_logit:.3g}: {self.tolerance:.3g}"
         ties = f" ({self.near_ties} other(s) at a near tie)" if self.near_ties else ""
         return (
             f"parity with stejax's integer forward on {self.examples} test inputs: the same class for "
