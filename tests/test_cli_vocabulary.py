@@ -28,7 +28,7 @@ RENAMES = {
     ("lm sample", "--artifact"): "ARTIFACT",
     ("snn train", "--steps"): "--time-steps",
     ("snn compare", "--steps"): "--time-steps",
-    ("vq compare", "--configs"): "--variants",
+    ("vq compare", "--variants"): "--configs",
 }
 # Spellings that no command shows any more, whatever the command.
 RETIRED = {"--timing-repeats", "--run", "--artifact"}
@@ -320,11 +320,17 @@ def test_the_cli_reference_is_generated_from_the_app():
         assert f"  {flag} " not in section, (path, flag)
 
 
-def test_vq_compare_configs(tmp_path):
-    # An unknown name is refused after the old spelling's value reached --variants.
+def test_vq_compare_variants(tmp_path):
+    # vq compare names its configurations --configs, as every comparison does. An unknown name is refused
+    # after the old spelling's value reached --configs.
     line, new = _both(
-        ["vq", "compare", "--out", str(tmp_path), "--configs", "nope"],
         ["vq", "compare", "--out", str(tmp_path), "--variants", "nope"],
+        ["vq", "compare", "--out", str(tmp_path), "--configs", "nope"],
     )
-    assert new.exit_code == 2 and "--variants" in new.output and "nope" in new.output
-    assert line.startswith("Deprecated: stejax vq compare --configs is now --variants;")
+    assert new.exit_code == 2 and "--configs" in new.output and "nope" in new.output
+    assert line.startswith("Deprecated: stejax vq compare --variants is now --configs;")
+
+
+@pytest.mark.parametrize("path", [p for p in COMPARISONS if p in COMMANDS])
+def test_every_comparison_names_its_configurations_configs(path):
+    assert _option(path, "--configs").metavar == "NAME,..."
