@@ -36,7 +36,7 @@ def vq_group() -> None:
     """Vector-quantised autoencoders: codebooks, FSQ, the rotation trick."""
 
 
-@vq_group.command("compare")
+@vq_group.command("compare", short_help="Train every VQ variant and set-up, against FSQ, and judge.")
 @out_dir_option("Folder for report.md, report.json and the two plots.")
 @click.option(
     "--quick",
