@@ -442,7 +442,8 @@ def export_command(run: Path, out: Path, format_: str, ternary: str) -> None:
             param_hint="RUN_OR_ARTIFACT",
         )
     run_config = json.loads((run / "config.json").read_text())
-    model = load_checkpoint(Transformer(LMConfig(**run_config["model"]), rngs=nnx.Rngs(0)), run / "params.safetensors")
+    architecture = LMConfig(**run_config["model"])
+    model = load_checkpoint(Transformer(architecture, rngs=nnx.Rngs(0)), run / "params.safetensors")
     config = CONFIGS[run_config["config"]].with_input_block(run_config.get("input_block"))
     size = predicted_size(model, config)
     export_lm(model, config, out, extra={"run": str(run)})
@@ -454,7 +455,7 @@ def export_command(run: Path, out: Path, format_: str, ternary: str) -> None:
             f"packed codes {size['codes']} bytes, float32 {size['float32']} bytes"
         )
     )
-    for note in _gguf_notes(config, model.config):
+    for note in _gguf_notes(config, architecture):
         console.print(Text(f"note: {note}"))
 
 
