@@ -20,11 +20,13 @@ def measured():
 
 def test_the_backend_under_test_keeps_its_contract(measured):
     assert measured["platform"] == CONTRACT.platform
-    for dtype, row in measured["elementwise_ulps"].items():
+    declared = CONTRACT.function_ulps
+    assert declared is not None, f"the {CONTRACT.platform} contract declares no function ulps"
+    for dtype, row in measured["function_ulps"].items():
         for function, ulps in row.items():
-            assert ulps <= CONTRACT.ulps(dtype), (
-                f"{function} in {dtype}: {ulps} ulp from XLA:CPU, the {CONTRACT.platform} contract allows "
-                f"{CONTRACT.ulps(dtype)}"
+            assert ulps <= declared[dtype][function], (
+                f"{function} in {dtype}: {ulps} ulp from XLA:CPU, the {CONTRACT.platform} contract states "
+                f"{declared[dtype][function]}"
             )
     assert set(measured["subnormal_inputs_read_as_zero"]) == set(CONTRACT.subnormal_inputs_read_as_zero)
 
@@ -42,6 +44,12 @@ def test_cpu_is_the_bitwise_reference_and_tpu_declares_its_differences():
     assert not tpu.bitwise and not tpu.float64 and tpu.tested
     assert tpu.subnormal_inputs_read_as_zero == ("bfloat16",)
     assert tpu.ulps(np.float32) == 4 and tpu.ulps(ml_dtypes.bfloat16) == tpu.ulps(np.float16) == 1
+    # tanh's worst absolute error on results up to 1: 1211 ulps of float32.
+    assert tpu.function_error("tanh") == 1211 * 2.0**-23 and cpu.function_error("tanh") == 0.0
+    with pytest.raises(ValueError, match="no 'cosh' in float32 in the tpu contract"):
+        tpu.function_error("cosh")
+    with pytest.raises(ValueError, match="the gpu contract has no measured function ulps"):
+        platform_contract("gpu").function_error("tanh")
     assert platform_contract("cuda") is platform_contract("gpu") and not platform_contract("gpu").tested
 
 

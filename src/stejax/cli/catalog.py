@@ -201,11 +201,11 @@ def verify_command(
 
 def _contract_line(env: Any) -> str:
     contract = env["platform_contract"]
-    ulps = {d: n for d, n in contract["elementwise_ulps"].items() if n}
+    ulps = {d: n for d, n in contract["derivative_ulps"].items() if n}
     flushed = contract["subnormal_inputs_read_as_zero"]
     if not ulps and not flushed:
         return "elementwise functions bit for bit"
-    parts = [", ".join(f"{d} {n} ulp" for d, n in ulps.items())] if ulps else []
+    parts = ["derivatives within " + ", ".join(f"{d} {n} ulp" for d, n in ulps.items())] if ulps else []
     if flushed:
         parts.append(f"subnormal {'/'.join(flushed)} inputs read as zero")
     return "; ".join(parts)

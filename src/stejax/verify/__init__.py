@@ -55,6 +55,15 @@ records the numbers):
   entry is the derivative times one or zero either way; under
   ``tangent_map=`` the tangent-map bound.
 
+Platforms. The tolerances above are XLA on CPU's, the reference platform.
+Elsewhere the verifier follows the backend's :func:`platform_contract`
+(recorded in ``report.environment["platform_contract"]``): on a TPU a declared
+derivative evaluated in one program may differ from the rule's own evaluation
+in another by the contract's ``derivative_ulps`` (1 ulp in float16 and
+bfloat16, 4 in float32), so a tangent that must be exact on CPU must be within
+that many ulps there, and every bound above grows by as many ulps. Forward
+values stay bit for bit on every platform.
+
 The compositions (``jit``, ``vmap``, ``grad_of_vmap``, ``vmap_of_grad``,
 ``jacfwd_jacrev``, ``scan``, ``checkpoint``) apply the same transformation to
 the declaration: a rule that reads the rank, converts to NumPy or casts behaves
