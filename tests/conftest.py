@@ -28,7 +28,7 @@ import pytest
 
 from stejax.verify import platform_contract
 
-from helpers import no_persistent_cache
+from helpers import no_persistent_cache, selected_out_reason
 
 # As equinox does: no silent dtype or rank promotion anywhere in the suite.
 jax.config.update("jax_numpy_dtype_promotion", "strict")
@@ -75,13 +75,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if CONTRACT.platform == "cpu":
         return
     for item in items:
-        if item.get_closest_marker("needs_float64") is not None and not CONTRACT.float64:
-            reason = f"needs float64 programs, which {CONTRACT.platform} cannot compile"
+        reason = selected_out_reason(item.path.name, {m.name: m.args for m in item.iter_markers()}, CONTRACT)
+        if reason is not None:
             item.add_marker(pytest.mark.skip(reason=reason))
-        cpu = item.get_closest_marker("needs_cpu")
-        if cpu is not None:
-            what = cpu.args[0] if cpu.args else "the CPU test machine"
-            item.add_marker(pytest.mark.skip(reason=f"needs {what}, which the {CONTRACT.platform} suite does not run"))
 
 
 # Helper modules of tests/ whose results are cached per process -> the unit their users share

@@ -127,3 +127,33 @@ def assert_platform_equal(actual, expected, *, context: str = "") -> None:
             f"{context}: {int((~ok).sum())} element(s) beyond the {CONTRACT.platform} contract's {ulps} ulp; "
             + "; ".join(rows)
         )
+
+
+# Modules whose every test needs what only the CPU test machine gives (marked here, so that the modules stay as
+# they are); a single test says it with @pytest.mark.needs_cpu("what").
+CPU_ONLY_MODULES = {
+    "test_sharding.py": "the 8-CPU-device mesh (a subprocess with XLA's host device count)",
+    "test_sharding_nonfinite.py": "the 8-CPU-device mesh (a subprocess with XLA's host device count)",
+    "test_multiprocess.py": "subprocesses of JAX's multi-process runtime on the CPU",
+    "test_serve.py": "sockets (a served HTTP process)",
+    "test_serve_cli.py": "sockets (a served HTTP process)",
+    "test_serve_swap.py": "sockets (a served HTTP process)",
+    "test_signing_serve.py": "sockets (a served HTTP process)",
+    "test_lm_gguf.py": "llama.cpp (llama-cpp-python on the CPU)",
+    "test_onnx.py": "ONNX Runtime (its CPU execution provider)",
+    "test_docs.py": "subprocesses that build the documentation and run its pages",
+}
+
+
+def selected_out_reason(module: str, markers: dict, contract) -> str | None:
+    """Why a test of ``module`` with ``markers`` (name -> args) cannot run under ``contract``; None if it can."""
+    if contract.platform == "cpu":
+        return None
+    if "needs_float64" in markers and not contract.float64:
+        return f"needs float64 programs, which {contract.platform} cannot compile"
+    needs = markers["needs_cpu"][0] if markers.get("needs_cpu") else CPU_ONLY_MODULES.get(module)
+    if "needs_cpu" in markers and needs is None:
+        needs = "the CPU test machine"
+    if needs is not None:
+        return f"needs {needs}, which the {contract.platform} suite does not run"
+    return None

@@ -10,7 +10,7 @@ from stejax.verify import measure_platform, platform_contract
 from stejax.verify._compare import Expected, mismatches, unequal
 from stejax.verify._tolerance import Tolerance
 
-from helpers import CONTRACT
+from helpers import CONTRACT, selected_out_reason
 
 
 @pytest.fixture(scope="module")
@@ -80,3 +80,18 @@ def test_the_verifier_takes_its_allowance_from_the_contract(dtype):
     assert unequal(one_ulp, exact, cpu).all() and not unequal(one_ulp, exact, tpu).any()
     assert unequal(far, exact, tpu).all()
     assert tpu.to_dict()["platform"] == "tpu" and "the tpu contract" in tpu.to_dict()["tangent"]
+
+
+def test_what_an_accelerator_selects_out_names_what_it_needs():
+    tpu, cpu = platform_contract("tpu"), platform_contract("cpu")
+    assert selected_out_reason("test_binary.py", {"needs_float64": ()}, tpu) == (
+        "needs float64 programs, which tpu cannot compile"
+    )
+    assert selected_out_reason("test_serve.py", {}, tpu) == (
+        "needs sockets (a served HTTP process), which the tpu suite does not run"
+    )
+    assert selected_out_reason("test_x.py", {"needs_cpu": ("ONNX Runtime",)}, tpu).startswith("needs ONNX Runtime")
+    assert selected_out_reason("test_binary.py", {}, tpu) is None
+    # The GPU contract has float64; on the CPU nothing is selected out.
+    assert selected_out_reason("test_binary.py", {"needs_float64": ()}, platform_contract("gpu")) is None
+    assert selected_out_reason("test_serve.py", {"needs_float64": ()}, cpu) is None
