@@ -303,6 +303,9 @@ def _source_line(doc: Mapping[str, Any]) -> str:
         str(doc["date"])[:10],
         f"{machine['cpu']}, {machine['cores']} cores, jax {machine['jax']}",
     ]
+    device = str(machine.get("device") or "")
+    if device and not device.startswith("cpu"):
+        parts[-1] = f"{device.split(': ', 1)[-1]} ({machine['cores']} host cores, jax {machine['jax']})"
     if load_text:
         parts.append(f"load average {load_text}")
     # A file that is not current says so (see `is_current`): the reader weighs an older figure accordingly.
