@@ -66,7 +66,6 @@ CPU_WIDTHS = (64, 128)
 # Tokens per step: batch x context.
 TPU_SHAPE = (16, 512)
 CPU_SHAPE = (4, 64)
-COMMAND = "stejax bench --suite train-step --width W --repeats 10 --warmup 2 --out bench-out"
 TARGETS = {  # the int8 fwd+bwd step against float32, and against Qwix's QT mode, at each width (TPU)
     1024: (0.85, 0.85),
     2048: (0.65, 0.70),
@@ -258,7 +257,9 @@ def train_step_suite(
         variants = [v for v in variants if not v.startswith("qwix")]
         notes.append("Qwix is not installed (pip install 'stejax[peers]'): its variants were left out.")
     batch, context = (2, 32) if quick else (TPU_SHAPE if tpu else CPU_SHAPE)
-    recorder = Recorder("train_step", command=COMMAND.replace("W", " --width ".join(str(w) for w in widths)))
+    flags = " ".join(f"--width {w}" for w in widths)
+    command = f"stejax bench --suite train-step {flags} --repeats {repeats} --warmup {warmup} --out bench-out"
+    recorder = Recorder("train_step", command=command)
     groups: list[dict[str, Any]] = []
     rows: list[dict[str, Any]] = []
     for width in widths:
