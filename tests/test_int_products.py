@@ -265,7 +265,7 @@ def test_the_train_step_suite_counts_the_int8_products(tmp_path):
     assert (rows["float32"]["int8_dots"], rows["stejax int8 fwd+bwd"]["int8_dots"]) == (0, 42)
     assert rows["float32"]["vs_float32"] == 1.0 and rows["stejax int8 fwd+bwd"]["vs_float32"] > 0
     # A width measured later is merged into the file of the same device, the other widths' rows kept.
-    recorder = Recorder("train_step", command="stejax bench --suite train-step")
+    recorder = Recorder(results_path(tmp_path).stem, command="stejax bench --suite train-step")
     _write(recorder, tmp_path, [dict(r, width=64) for r in suite["rows"]])
     _write(recorder, tmp_path, suite["rows"])
     doc = load_results(results_path(tmp_path))

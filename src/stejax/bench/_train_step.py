@@ -259,7 +259,8 @@ def train_step_suite(
     batch, context = (2, 32) if quick else (TPU_SHAPE if tpu else CPU_SHAPE)
     flags = " ".join(f"--width {w}" for w in widths)
     command = f"stejax bench --suite train-step {flags} --repeats {repeats} --warmup {warmup} --out bench-out"
-    recorder = Recorder("train_step", command=command)
+    name = "train_step" if results_dir is None else results_path(results_dir).stem  # the file's name, per device
+    recorder = Recorder(name, command=command)
     groups: list[dict[str, Any]] = []
     rows: list[dict[str, Any]] = []
     for width in widths:
