@@ -219,6 +219,10 @@ def rules_for(config: LMQuant, *, weights: bool = True) -> list[Any]:
 
     ``weights=False`` leaves the weight quantiser out (for kernels that are
     already dequantised codes: re-quantising them would recompute the scale).
+    With integer products (``config.product``) the rule multiplies by
+    :func:`stejax.integer_dot_general`, which quantises the inputs per token
+    and 8-bit weights per channel itself: only a ternary weight quantiser is
+    kept ahead of it.
     """
     from stejax.flax import Rule
 
@@ -242,6 +246,9 @@ def quantize_lm(model: nnx.Module, config: LMQuant | str, *, weights: bool = Tru
     configuration says; every other site (embedding, head, attention products)
     is left in float. Parameter values are kept. For ``float`` the model is
     returned as it is. ``weights=False``: inputs only (see :func:`rules_for`).
+    ``config`` is a configuration or a name from :data:`CONFIGS` or
+    :data:`INTEGER_CONFIGS`; with integer products the rule's ``product`` is
+    the configuration's (:meth:`LMQuant.with_product`).
 
     Raises:
       KeyError: an unknown configuration name (the message lists the names).
