@@ -111,6 +111,18 @@ def test_the_default_cnn_export_runs_qlinearconv_within_its_stated_tolerance(tmp
     assert props["stejax.conv"] == "qlinear" and props["stejax.parity"] == parity.summary()
 
 
+def test_time_it_measures_the_file_against_its_float_graph(tmp_path):
+    art = pristine("w8a8", "cnn", regression=False)
+    out = export_onnx(art.path, tmp_path / "model.onnx", time_it=True)
+    speed = out.speed
+    assert speed is not None and speed.batch == len(art.evidence.inputs) and speed.threads == 2
+    assert speed.quantised_ms > 0 and speed.float_ms > 0
+    assert speed.float_over_quantised == speed.float_ms / speed.quantised_ms
+    verdict = "faster than float" if speed.float_over_quantised >= 1 else "slower than float"
+    assert speed.summary().endswith(verdict)
+    assert export_onnx(art.path, tmp_path / "untimed.onnx").speed is None  # only when asked
+
+
 def test_conv_integer_keeps_the_bit_exact_graph(tmp_path):
     art = pristine("w8a8", "cnn", regression=False)
     out = export_onnx(art.path, tmp_path / "model.onnx", conv="integer")
@@ -339,6 +351,9 @@ def test_cli_export_cnn_says_what_its_default_graph_trades(tmp_path):
     text = " ".join(result.output.split())
     assert "QLinearConv x2" in text and "tolerance 5% of the largest |logit|" in text
     assert "2 convolution(s) run as ORT's QLinearConv" in text and "--conv integer writes ConvInteger" in text
+    # the speed on this machine, against the float32 graph, whichever is faster
+    assert f"ONNX Runtime on this machine (2 threads, a batch of {len(art.evidence.inputs)}):" in text
+    assert "ms for this file" in text and "ms for the float32 graph" in text and "float's throughput" in text
     exact = CliRunner().invoke(
         main, ["export", "--format", "onnx", "--conv", "integer", str(art.path), str(tmp_path / "e.onnx")]
     )

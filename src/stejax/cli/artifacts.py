@@ -225,7 +225,7 @@ def _export_onnx(source: Path, out: Path, *, float_model: bool, trust_keys: tupl
     from stejax.onnx import export_onnx, integer_op_count, optimized_ops
 
     result = _artifact_errors(
-        lambda: export_onnx(source, out, float_model=float_model, trusted_keys=trust_keys, conv=conv)
+        lambda: export_onnx(source, out, float_model=float_model, trusted_keys=trust_keys, conv=conv, time_it=True)
     )
     ops = optimized_ops(result.path)
     console = Console()
@@ -238,6 +238,9 @@ def _export_onnx(source: Path, out: Path, *, float_model: bool, trust_keys: tupl
     )
     if result.parity is not None:
         console.print(Text(result.parity.summary()))
+    if result.speed is not None:
+        slower = result.speed.float_over_quantised < 1
+        console.print(Text(result.speed.summary() + ("; --float writes the float32 graph." if slower else ".")))
     if result.qlinear_convs:
         console.print(
             Text(

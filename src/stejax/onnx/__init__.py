@@ -15,6 +15,7 @@ Needs the optional extra ``stejax[onnx]``.
 from stejax.onnx._export import LOGIT_TOLERANCE as LOGIT_TOLERANCE
 from stejax.onnx._export import OnnxExport as OnnxExport
 from stejax.onnx._export import OnnxParity as OnnxParity
+from stejax.onnx._export import OnnxSpeed as OnnxSpeed
 from stejax.onnx._export import export_onnx as export_onnx
 from stejax.onnx._export import load_source as load_source
 from stejax.onnx._graph import OnnxExportError as OnnxExportError

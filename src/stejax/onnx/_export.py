@@ -15,7 +15,16 @@ import numpy as np
 from stejax.onnx._digits import CONVS, digits_graph, qlinear_convs, weight_format_name
 from stejax.onnx._graph import OnnxExportError, save_model
 
-__all__ = ["LOGIT_TOLERANCE", "OnnxExport", "OnnxParity", "digits_proto", "export_onnx", "load_source", "write_digits"]
+__all__ = [
+    "LOGIT_TOLERANCE",
+    "OnnxExport",
+    "OnnxParity",
+    "OnnxSpeed",
+    "digits_proto",
+    "export_onnx",
+    "load_source",
+    "write_digits",
+]
 
 # The stated parity of a graph with QLinearConv nodes against stejax's integer forward, checked at export on
 # the artifact's parity inputs: every logit within this fraction of the largest |logit|, and the same class
@@ -94,6 +103,61 @@ def _parity(proto: Any, artifact: Any, *, exact: bool) -> OnnxParity:
 
 
 @dataclasses.dataclass(frozen=True)
+class OnnxSpeed:
+    """ONNX Runtime's time for the exported graph and for its float32 twin, measured at export on this machine.
+
+    Both run the artifact's parity inputs as one batch on the CPU execution provider with the same threads:
+    untimed calls first, then interleaved rounds (one call of each per round); the medians in milliseconds.
+
+    Attributes:
+      batch: the inputs per call.
+      threads: ONNX Runtime's intra-op threads.
+      quantised_ms: the exported graph's median time per call.
+      float_ms: the float32 graph's median time per call.
+    """
+
+    batch: int
+    threads: int
+    quantised_ms: float
+    float_ms: float
+
+    @property
+    def float_over_quantised(self) -> float:
+        """The exported graph's throughput over the float32 graph's (above 1: faster than float)."""
+        return self.float_ms / self.quantised_ms
+
+    def summary(self) -> str:
+        """One line: both times and their ratio, and whether the exported graph is the slower."""
+        ratio = self.float_over_quantised
+        verdict = "faster than" if ratio >= 1 else "slower than"
+        return (
+            f"ONNX Runtime on this machine ({self.threads} threads, a batch of {self.batch}): "
+            f"{self.quantised_ms:.3g} ms for this file, {self.float_ms:.3g} ms for the float32 graph: {ratio:.2f}× "
+            "float's throughput, "
+            f"{verdict} float"
+        )
+
+
+def _speed(proto: Any, float_proto: Any, x: np.ndarray, *, threads: int = 2, rounds: int = 15) -> OnnxSpeed:
+    import time
+
+    from stejax.onnx._runtime import open_runtime
+
+    sessions = [open_runtime(p.SerializeToString(), threads=threads) for p in (proto, float_proto)]
+    for session in sessions:  # the first calls allocate and tune
+        for _ in range(3):
+            session.run(None, {"features": x})
+    times: list[list[float]] = [[], []]
+    for r in range(rounds):
+        for i in (0, 1) if r % 2 == 0 else (1, 0):
+            start = time.perf_counter()
+            sessions[i].run(None, {"features": x})
+            times[i].append(1e3 * (time.perf_counter() - start))
+    quantised, float_ = (float(np.median(t)) for t in times)
+    return OnnxSpeed(len(x), threads, quantised, float_)
+
+
+@dataclasses.dataclass(frozen=True)
 class OnnxExport:
     """What :func:`export_onnx` wrote.
 
@@ -106,6 +170,7 @@ class OnnxExport:
       conv: how integer convolutions were written (``"qlinear"`` or ``"integer"``).
       qlinear_convs: the layers written as ORT's ``QLinearConv`` (empty: the graph is bit-exact).
       parity: the check made before writing (None for the float32 network).
+      speed: with ``time_it``, the file's speed in ONNX Runtime against the float32 graph (None otherwise).
     """
 
     path: Path
@@ -116,6 +181,7 @@ class OnnxExport:
     conv: str = "qlinear"
     qlinear_convs: tuple[int, ...] = ()
     parity: OnnxParity | None = None
+    speed: OnnxSpeed | None = None
 
 
 def load_source(source: str | os.PathLike, *, trusted_keys: Iterable[str | os.PathLike] = ()) -> Any:
@@ -167,6 +233,7 @@ def export_onnx(
     float_model: bool = False,
     trusted_keys: Iterable[str | os.PathLike] = (),
     conv: str = "qlinear",
+    time_it: bool = False,
 ) -> OnnxExport:
     r"""Write a digits model (an artifact, or a run) as an ONNX file for ONNX Runtime, its parity checked first.
 
@@ -203,6 +270,8 @@ def export_onnx(
         output, so a next-layer code can differ by one near a rounding tie (the stated
         tolerance above). ``"integer"``: convolutions as ``ConvInteger`` and stejax's float32
         rescale, bit for bit stejax's integer forward, and many times slower in ORT.
+      time_it: also time the quantised file against its float32 graph in ONNX Runtime on this
+        machine (:class:`OnnxSpeed`; about a second): which is faster depends on the CPU.
 
     Returns:
       An :class:`OnnxExport`.
@@ -240,6 +309,10 @@ def export_onnx(
             raise OnnxExportError(f"{out}: not written; {parity.summary()}.{instead}")
         metadata["stejax.parity"] = parity.summary()
         _set_props(proto, {"stejax.parity": metadata["stejax.parity"]})
+    speed = None
+    if time_it and not float_model:
+        twin = digits_proto(model, float_model=True, metadata={}, conv=conv)
+        speed = _speed(proto, twin, np.asarray(artifact.evidence.inputs, np.float32))
     path = save_model(proto, out)
     metadata = {
         **metadata,
@@ -247,7 +320,7 @@ def export_onnx(
         "stejax.graph": "float" if float_model else "qdq",
         "stejax.conv": conv,
     }
-    return OnnxExport(path, artifact.id, weights, path.stat().st_size, metadata, conv, qlinear, parity)
+    return OnnxExport(path, artifact.id, weights, path.stat().st_size, metadata, conv, qlinear, parity, speed)
 
 
 def _set_props(proto: Any, props: dict[str, str]) -> None:
