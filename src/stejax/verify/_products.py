@@ -118,7 +118,7 @@ def reference_product(
     qx, qw = _codes(x4, sx, bits), _codes(w4, sw, bits)
     acc = np.einsum("bmgk,bgkn->bgmn", qx, qw)
     terms = _f32(acc) * np.swapaxes(sx, 1, 2) * sw
-    y = terms[:, 0] if groups == 1 else np.sum(terms, axis=1, dtype=np.float32)
+    y = np.asarray(terms[:, 0] if groups == 1 else np.sum(terms, axis=1, dtype=np.float32))
     magnitude = np.sum(np.abs(terms.astype(np.float64)), axis=1)
     g4 = g.astype(np.float32)[:, None]
     fold_w = rhs_scale == "column"
