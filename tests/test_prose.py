@@ -43,6 +43,7 @@ PROCESS_WORDS = [
     ("the machine's load in prose", r"\bon a (?:busy|loaded) machine\b|\bon a machine this loaded\b"),
     ("shared cores", r"\b(?:\d+|two) shared cores\b"),
     ("uncommitted changes", r"\bwith uncommitted changes\b"),
+    ("tripped over", r"\btripped over\b"),
 ]
 # Private names have no place in the user's documentation (README, docs/ and the built site): a reader cannot use
 # them, and they change without notice. CONTRIBUTING.md, for developers, may name them.
@@ -241,6 +242,7 @@ def test_cli_help_speaks_of_the_product():
         "hours a seed on 2 shared cores",
         "commit 3087169 with uncommitted changes",
         "The registry checks no signature, as before.",
+        "What a new user tripped over: a scale of zero.",
     ],
 )
 def test_process_words_are_caught(text):
@@ -276,3 +278,9 @@ def test_legitimate_words_pass(text):
 )
 def test_private_names_are_caught(text, private):
     assert bool(PRIVATE_NAME.search(text)) is private, text
+
+
+def test_the_changelog_has_one_unreleased_section():
+    # Until a release, every change is in one section, in user terms (the site renders it as the changelog page).
+    sections = re.findall(r"^## (.+)$", (ROOT / "CHANGELOG.md").read_text("utf-8"), flags=re.M)
+    assert sections == ["Unreleased"], sections
