@@ -10,8 +10,7 @@ from click.testing import CliRunner
 
 from stejax.cli import main
 from stejax.cli.lm import _with_input_block
-from stejax.lm import CONFIGS, LMConfig
-from stejax.lm import check_input_block, llamacpp_input_blocks
+from stejax.lm import CONFIGS, LMConfig, check_input_block, llamacpp_input_blocks
 
 DEFAULT = LMConfig(context=64, width=64, depth=2, heads=2, hidden=160, norms="llama")  # `lm train`'s defaults
 
