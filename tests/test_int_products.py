@@ -157,8 +157,9 @@ def test_lm_integer_configurations():
     assert {r.bits for r in rows if r.kind == "linear" and r.rule == 0} == {"w1.58a8"}
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def corpus():
+    # Function-scoped (0.1 s): a module-scoped fixture would keep this file's tests on one test worker.
     return build_corpus(max_bytes=300_000)
 
 
