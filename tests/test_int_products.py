@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -83,6 +84,31 @@ def test_forward_mode_is_refused_with_the_alternative_named():
     tangent = jax.jvp(lambda a: integer_dot_general(a, w, LINEAR, backward="float").sum(), (x,), (jnp.ones_like(x),))[1]
     grad = jax.grad(lambda a: integer_dot_general(a, w, LINEAR, backward="float").sum())(x)
     np.testing.assert_allclose(tangent, grad.sum(), rtol=1e-5)
+
+
+def test_scan_checkpoint_and_vmap_compose_with_the_declared_backward():
+    dims = (((1,), (0,)), ((), ()))
+    x = jax.random.normal(jax.random.key(0), (8, 16))
+    ws = jax.random.normal(jax.random.key(1), (3, 16, 16))
+
+    def layers(x, ws, remat):
+        def layer(h, w):
+            return jnp.tanh(integer_dot_general(h, w, dims))
+
+        def body(h, w):
+            return (jax.checkpoint(layer) if remat else layer)(h, w), None
+
+        return jax.lax.scan(body, x, ws)[0].sum()
+
+    plain = jax.jit(jax.grad(functools.partial(layers, remat=False), argnums=(0, 1)))(x, ws)
+    remat = jax.jit(jax.grad(functools.partial(layers, remat=True), argnums=(0, 1)))(x, ws)
+    for a, b in zip(plain, remat, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+    def row_grad(row):
+        return jax.grad(lambda r: integer_dot_general(r[None], ws[0], dims).sum())(row)
+
+    np.testing.assert_array_equal(jax.jit(jax.vmap(row_grad))(x), jnp.stack([row_grad(r) for r in x]))
 
 
 def test_outputs_and_cotangents_follow_the_input_dtype():
