@@ -266,3 +266,44 @@ def test_the_decode_loop_writes_every_row_at_once():
     body = _primitives(loops[0].params["body_jaxpr"].jaxpr, {})
     assert body.get("scatter", 0) == 0 and body.get("scatter-add", 0) == 0
     assert body["dynamic_update_slice"] == 2 * 2 + 1  # keys and values of each block, and the new bytes
+
+
+def test_random_large_model_forms_and_accelerator_rows(tmp_path):
+    from stejax.bench._lm_decode import device_figures, device_plot, device_rows, merge_device_results, random_model
+    from stejax.bench.results import Recorder
+    from stejax.lm._kernel_blocks import unpack_slices
+
+    small = LMConfig(context=32, width=64, depth=1, heads=2, hidden=128)
+    model, params = random_model("small", "ternary-2bit", config=small)
+    layers = [m for _, m in nnx.iter_modules(model) if isinstance(m, LowBitLinear)]
+    assert len(layers) == 7 and params == sum(
+        int(x.size) for x in jax.tree.leaves(nnx.state(Transformer(small, rngs=nnx.Rngs(0)), nnx.Param))
+    )
+    codes = np.concatenate([np.asarray(c).ravel() for c in unpack_slices(layers[0].codes[...], 2)])
+    assert set(np.unique(codes).tolist()) == {-1, 0, 1}  # valid ternary codes, packed
+    with jax.numpy_dtype_promotion("standard"):  # a bfloat16 model meets float32 rotary angles (as users run it)
+        rows = device_rows(
+            "small", ("bfloat16", "int4"), (1,), tokens=4, repeats=1, loop_bytes=3, config=small, prompt_bytes=8
+        )
+    assert [(r["weights"], r["batch"], r["path"]) for r in rows] == [
+        ("bfloat16", 1, "compiled"),
+        ("bfloat16", 1, "loop"),
+        ("int4", 1, "compiled"),
+        ("int4", 1, "loop"),
+    ]
+    for r in rows:
+        assert r["compiles"] == 0 and r["implementation"] == "xla"  # no kernel chosen off a verified TPU
+        assert r["roofline"] == pytest.approx(r["resident_weight_bytes"] / (r["step_us"] * 1e-6) / 819e9)
+    figures = device_figures(rows)
+    assert figures["compiles_after_warmup"].met is True
+    from stejax.bench._lm_decode import DEVICE_COLUMNS
+
+    parts = []
+    for i in range(2):
+        parts.append(tmp_path / f"part{i}.json")
+        Recorder("lm_decode_device", command="test").write(
+            parts[-1], rows=rows[2 * i : 2 * i + 2], columns=DEVICE_COLUMNS
+        )
+    doc = merge_device_results(parts, tmp_path / "merged.json", command="bash benchmarks/lm_decode_device.sh")
+    assert doc["rows"] == rows and "compiles_after_warmup" in doc["figures"]
+    assert device_plot(doc["rows"], tmp_path / "plot.png").stat().st_size > 0

@@ -15,6 +15,15 @@ from stejax.lm._kernel_int8 import int8_accumulate, int8_accumulate_reference, i
 from stejax.lm._kernel_ternary import ternary_accumulate, ternary_accumulate_reference, ternary_kernel_fits
 from stejax.lm._lowbit import lowbit_linear, pack_groups
 
+
+@pytest.fixture(params=[True, False], ids=["interpret", "compiled"])
+def interpret(request):
+    """Each kernel test runs in Pallas interpret mode anywhere, and compiled where a TPU is present."""
+    if not request.param and jax.default_backend() != "tpu":
+        pytest.skip("compiled Pallas TPU kernels need a TPU (v5e or newer: int8 on the MXU)")
+    return request.param
+
+
 SHAPES = [  # (rows, k, n, blocks): aligned tiles over a 2 x 2 grid, a partial row block, whole unaligned dimensions
     (3, 256, 256, Blocks(128, 128)),
     (1, 512, 128, None),
@@ -37,32 +46,32 @@ def _exact(q: jax.Array, codes: np.ndarray) -> np.ndarray:
 
 
 @pytest.mark.parametrize(("rows", "k", "n", "blocks"), SHAPES)
-def test_int8_accumulators_equal_the_xla_integer_product(rows, k, n, blocks):
+def test_int8_accumulators_equal_the_xla_integer_product(rows, k, n, blocks, interpret):
     rng = np.random.default_rng(1)
     codes = rng.integers(-128, 128, (k, n)).astype(np.int8)
     codes[:, 0] = -128  # the extreme code against the extreme inputs
     q = _inputs(rows, k)
-    got = int8_accumulate(q, jnp.asarray(codes), blocks=blocks, interpret=True)
+    got = int8_accumulate(q, jnp.asarray(codes), blocks=blocks, interpret=interpret)
     assert got.dtype == jnp.int32
     np.testing.assert_array_equal(got, int8_accumulate_reference(q, jnp.asarray(codes)))
     np.testing.assert_array_equal(got, _exact(q, codes))
 
 
 @pytest.mark.parametrize(("rows", "k", "n", "blocks"), SHAPES)
-def test_ternary_2bit_accumulators_equal_the_xla_integer_product(rows, k, n, blocks):
+def test_ternary_2bit_accumulators_equal_the_xla_integer_product(rows, k, n, blocks, interpret):
     codes = np.random.default_rng(2).integers(-1, 2, (k, n))
     packed = jnp.asarray(pack_groups(codes, k, 2))
     q = _inputs(rows, k)
     if blocks is not None:  # over the packed rows: a quarter of k
         blocks = Blocks(k // 4 // 2 if k // 4 // 2 % 128 == 0 else k // 4, blocks.block_n)
-    got = ternary_accumulate(q, packed, blocks=blocks, interpret=True)
+    got = ternary_accumulate(q, packed, blocks=blocks, interpret=interpret)
     np.testing.assert_array_equal(got, ternary_accumulate_reference(q, packed))
     np.testing.assert_array_equal(got, _exact(q, codes))
 
 
 @pytest.mark.parametrize("bits", [4, 2])
 @pytest.mark.parametrize(("rows", "k", "n"), [(3, 512, 256), (1, 96, 64), (9, 256, 128)])
-def test_grouped_sums_are_exact_and_match_the_reference(bits, rows, k, n):
+def test_grouped_sums_are_exact_and_match_the_reference(bits, rows, k, n, interpret):
     rng = np.random.default_rng(3)
     top = 1 << (bits - 1)
     codes = rng.integers(-top, top, (k, n))
@@ -71,17 +80,17 @@ def test_grouped_sums_are_exact_and_match_the_reference(bits, rows, k, n):
     q = _inputs(rows, k)
     # Unit scales: the float32 sum of exact int32 group sums is the integer product (|sum| < 2**24).
     ones = jnp.ones((k // 32, n), jnp.float32)
-    got = grouped_sum(q, packed, ones, bits=bits, interpret=True)
+    got = grouped_sum(q, packed, ones, bits=bits, interpret=interpret)
     np.testing.assert_array_equal(got, _exact(q, codes).astype(np.float32))
     np.testing.assert_array_equal(grouped_sum_reference(q, packed, ones, bits=bits), got)
     # One group at a time: each group's sum lands on its own scale (a missing or doubled block would show).
     for g in (0, k // 32 - 1):
         only = jnp.zeros((k // 32, n), jnp.float32).at[g].set(1.0)
         want = _exact(q[:, g * 32 : (g + 1) * 32], codes[g * 32 : (g + 1) * 32]).astype(np.float32)
-        np.testing.assert_array_equal(grouped_sum(q, packed, only, bits=bits, interpret=True), want)
+        np.testing.assert_array_equal(grouped_sum(q, packed, only, bits=bits, interpret=interpret), want)
     # Real scales: the same float32 products and sums, in the order of the groups, up to float32 rounding.
     scale = jnp.asarray(rng.uniform(0.001, 0.1, (k // 32, n)), jnp.float32)
-    got = grouped_sum(q, packed, scale, bits=bits, interpret=True)
+    got = grouped_sum(q, packed, scale, bits=bits, interpret=interpret)
     want = grouped_sum_reference(q, packed, scale, bits=bits)
     np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-6 * float(jnp.max(jnp.abs(want))))
 

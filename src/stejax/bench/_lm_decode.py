@@ -712,6 +712,62 @@ def random_model(
     return model, params
 
 
+def resident_rows(names: Sequence[str] = tuple(LARGE), forms: Sequence[str] = FORMS) -> list[dict[str, Any]]:
+    """Resident weight bytes of each :data:`LARGE` model and form, from shapes alone (nothing is allocated).
+
+    Rows: ``model``, ``params``, ``weights``, ``resident_weight_bytes`` (every parameter and code buffer, scales
+    included) and ``vs_bfloat16`` (that over the bfloat16 model's).
+    """
+    from flax import nnx
+
+    from stejax.lm._lowbit import Resident
+
+    rows = []
+    for name in names:
+        sizes = {}
+        for form in forms:
+            abstract = nnx.eval_shape(lambda form=form, name=name: random_model(name, form)[0])
+            leaves = jax.tree.leaves(nnx.state(abstract, nnx.Param, Resident))
+            sizes[form] = sum(int(np.prod(x.shape)) * np.dtype(x.dtype).itemsize for x in leaves)
+        for form in forms:
+            rows.append(
+                {
+                    "model": name,
+                    "weights": form,
+                    "resident_weight_bytes": sizes[form],
+                    "vs_bfloat16": sizes[form] / sizes["bfloat16"],
+                }
+            )
+    return rows
+
+
+def write_resident(out: str | Path, *, command: str) -> dict[str, Any]:
+    """Write :func:`resident_rows` as a results file, with the resident-bytes targets judged on the 1B model."""
+    from stejax.bench.results import Figure, Recorder
+
+    recorder = Recorder("lm_decode_resident", command=command)
+    rows = resident_rows()
+    figures = {}
+    for weights, bound in (("int8", 1.9), ("int4", 3.5), ("ternary-2bit", 7.0)):
+        row = _find(rows, model="1B", weights=weights)
+        if row is not None:
+            share = row["vs_bfloat16"]
+            figures[f"{weights.replace('-', '_')}_resident_vs_bf16_1B"] = Figure(
+                round(share, 4),
+                f"1/{1 / share:.2f}",
+                target=f"≤ 1/{bound}",
+                met=share <= 1 / bound,
+                note="every resident buffer of the 1B model (float32 scales, embedding, norms and head included)",
+            )
+    columns: list[tuple[str, str] | tuple[str, str, str]] = [
+        ("model", "model"),
+        ("weights", "form"),
+        ("resident_weight_bytes", "resident bytes", "{:,}"),
+        ("vs_bfloat16", "of bfloat16's", "{:.3f}"),
+    ]
+    return recorder.write(out, rows=rows, columns=columns, figures=figures)
+
+
 def _implementation(model: Any, rows: int) -> str:
     """``"pallas"`` when the model's low-bit layers run the Pallas kernels at ``rows`` rows, else ``"xla"``."""
     from flax import nnx
@@ -932,7 +988,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     from stejax.bench.results import Recorder
 
     parser = argparse.ArgumentParser(description="Decoding speed of a large random-weight LM on this device.")
-    parser.add_argument("--model", required=True, choices=sorted(LARGE))
+    parser.add_argument("--model", choices=sorted(LARGE))
+    parser.add_argument("--resident", action="store_true", help="only the resident bytes of every model and form")
     parser.add_argument("--forms", default=",".join(FORMS))
     parser.add_argument("--batches", default="1")
     parser.add_argument("--tokens", type=int, default=128)
@@ -942,6 +999,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
     recorder = Recorder("lm_decode_device", command=f"python -m stejax.bench._lm_decode {' '.join(argv or [])}".strip())
+    if args.resident:
+        write_resident(args.out, command=f"python -m stejax.bench._lm_decode {' '.join(argv or [])}".strip())
+        return
+    if args.model is None:
+        parser.error("--model is required (or --resident)")
     rows: list[dict[str, Any]] = []
     for spec in args.forms.split(","):  # written after each form: a run cut short keeps what it measured
         form, _, product = spec.partition("@")  # "ternary-2bit@xla": that form with XLA's product

@@ -26,6 +26,7 @@ import jax.numpy as jnp
 
 __all__ = [
     "IMPLEMENTATIONS",
+    "VERIFIED_ON",
     "Blocks",
     "arrange_input",
     "default_blocks",
@@ -107,12 +108,19 @@ def default_blocks(rows_k: int, n: int, *, multiple_k: int = 1, fewest_k: bool =
     return Blocks(max(fitting) if fitting else min(ks), block_n)
 
 
+# TPU generations on which the kernels have been compiled and have matched their references (the device run of
+# tests/test_lm_kernels.py with compiled kernels). The automatic choice uses a kernel only there; until a chip has
+# run them, None means XLA everywhere and ``implementation="pallas"`` asks for the kernels explicitly.
+VERIFIED_ON: tuple[str, ...] = ()
+
+
 def kernel_backend() -> bool:
-    """Whether the default backend is a TPU whose MXU multiplies int8 by int8 (v5 and v6; not v4 or TPU7x)."""
+    """Whether the default backend is a TPU whose MXU multiplies int8 by int8 (v5 and v6; not v4 or TPU7x) and
+    on which the kernels have matched their references (:data:`VERIFIED_ON`)."""
     if jax.default_backend() != "tpu":
         return False
     kind = jax.devices()[0].device_kind.lower()
-    return any(tag in kind for tag in ("v5", "v6"))
+    return any(tag in kind for tag in ("v5", "v6")) and any(tag in kind for tag in VERIFIED_ON)
 
 
 def vmem_limit(*buffers: int) -> int:
