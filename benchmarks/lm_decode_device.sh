@@ -14,7 +14,7 @@ mkdir -p "$OUT"
 echo "=== kernels compiled on the chip $(date -u +%T)"
 timeout 60 python3 -m pytest -q -o addopts="" -o filterwarnings="ignore::UserWarning" --import-mode=importlib \
   -p no:cacheprovider tests/test_lm_kernels.py -k compiled 2>&1 | tail -15
-B="python3 -m stejax.bench._lm_decode --repeats 3"
+B="python3 benchmarks/lm_decode_device.py --repeats 3"
 parts=(
   "45|--model 1B --forms bfloat16,ternary-2bit@pallas,int8@pallas,int4@pallas --batches 1 --tokens 64"
   "30|--model 1B --forms bfloat16 --batches 16,64 --tokens 64"

@@ -899,7 +899,6 @@ DEVICE_COLUMNS: list[tuple[str, str] | tuple[str, str, str]] = [
     ("roofline", "HBM roofline", "{:.0%}"),
     ("compiles", "compiles"),
 ]
-DEVICE_COMMAND = "python -m stejax.bench._lm_decode --model 1B --forms bfloat16,int8 --batches 1,16 --out FILE"
 
 
 def device_figures(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -981,15 +980,18 @@ def merge_device_results(paths: Sequence[str | Path], out: str | Path, *, comman
     )
 
 
-def main(argv: Sequence[str] | None = None) -> None:
+def main(argv: Sequence[str] | None = None, *, prog: str = "python benchmarks/lm_decode_device.py") -> None:
     """Measure :func:`device_rows` for one model and write a results file (``--out``)."""
     import argparse
 
     from stejax.bench.results import Recorder
 
-    parser = argparse.ArgumentParser(description="Decoding speed of a large random-weight LM on this device.")
+    parser = argparse.ArgumentParser(
+        prog=prog, description="Decoding speed of a large random-weight LM on this device."
+    )
     parser.add_argument("--model", choices=sorted(LARGE))
     parser.add_argument("--resident", action="store_true", help="only the resident bytes of every model and form")
+    parser.add_argument("--plot-from", help="a results file: plot its bytes/s against resident bytes into --out")
     parser.add_argument("--forms", default=",".join(FORMS))
     parser.add_argument("--batches", default="1")
     parser.add_argument("--tokens", type=int, default=128)
@@ -998,9 +1000,19 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--implementation", default=None, choices=("xla", "pallas"))
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
-    recorder = Recorder("lm_decode_device", command=f"python -m stejax.bench._lm_decode {' '.join(argv or [])}".strip())
+    recorder = Recorder("lm_decode_device", command=f"{prog} {' '.join(argv or [])}".strip())
+    if args.plot_from:
+        from stejax.bench.results import load_results
+
+        doc = load_results(args.plot_from)
+        device_plot(
+            doc["rows"],
+            Path(args.out),
+            bandwidth=None if doc["machine"]["device"].startswith("cpu") else HBM_BYTES_PER_S,
+        )
+        return
     if args.resident:
-        write_resident(args.out, command=f"python -m stejax.bench._lm_decode {' '.join(argv or [])}".strip())
+        write_resident(args.out, command=f"{prog} {' '.join(argv or [])}".strip())
         return
     if args.model is None:
         parser.error("--model is required (or --resident)")
@@ -1030,37 +1042,38 @@ def main(argv: Sequence[str] | None = None) -> None:
             )
 
 
-if __name__ == "__main__":
-    main(sys.argv[1:])
+def device_plot(rows: Sequence[dict[str, Any]], out: Path, *, bandwidth: float | None = HBM_BYTES_PER_S) -> Path:
+    """Bytes per second against resident weight bytes, batch 1, compiled decode: one line per resident form.
 
-
-def device_plot(rows: Sequence[dict[str, Any]], out: Path) -> Path:
-    """Decoding bytes per second against resident weight bytes, batch 1: one point per model and form."""
+    Rows of :func:`device_rows` (``decode_bytes_per_s``) or of the CPU suite (``bytes_per_s``). ``bandwidth``
+    (bytes/s): the roofline drawn, one step reading every resident byte once (None: not drawn).
+    """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    def rate(r: dict[str, Any]) -> float:
+        return float(r.get("decode_bytes_per_s", r["bytes_per_s"]))
+
     fig, ax = plt.subplots(figsize=(7.5, 4.6))
     chosen = [r for r in rows if r["batch"] == 1 and r["path"] == "compiled"]
     forms = list(dict.fromkeys(r["weights"] for r in chosen))
     for i, form in enumerate(forms):
-        points = sorted(
-            (r["resident_weight_bytes"], r["decode_bytes_per_s"], r["model"]) for r in chosen if r["weights"] == form
-        )
+        points = sorted((r["resident_weight_bytes"], rate(r), r["model"]) for r in chosen if r["weights"] == form)
         ax.plot([p[0] for p in points], [p[1] for p in points], "o-", color=plt.get_cmap("tab10")(i % 10), label=form)
         for x, y, model in points:
             ax.annotate(model, (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
-    if chosen:  # the HBM roofline: one step reads every resident byte once
-        xs = np.geomspace(
-            min(r["resident_weight_bytes"] for r in chosen), max(r["resident_weight_bytes"] for r in chosen)
-        )
-        ax.plot(xs, HBM_BYTES_PER_S / xs, "k--", linewidth=0.8, label="roofline (819 GB/s)")
+    if chosen and bandwidth is not None:
+        sizes = [r["resident_weight_bytes"] for r in chosen]
+        xs = np.geomspace(min(sizes), max(sizes))
+        ax.plot(xs, bandwidth / xs, "k--", linewidth=0.8, label=f"roofline ({bandwidth / 1e9:.0f} GB/s)")
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("resident weight bytes")
     ax.set_ylabel("generated bytes per second (batch 1)")
-    ax.set_title(f"stejax LM decoding on {chosen[0]['device'] if chosen else 'the device'}: greedy, batch 1")
+    device = chosen[0].get("device", "CPU") if chosen else "the device"
+    ax.set_title(f"stejax LM decoding on {device}: greedy, batch 1, compiled")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()
@@ -1068,3 +1081,7 @@ def device_plot(rows: Sequence[dict[str, Any]], out: Path) -> Path:
     fig.savefig(out, dpi=110)
     plt.close(fig)
     return out
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,17 @@
+"""Decoding of large random-weight LMs on this device, and the resident bytes of every bench model and form.
+
+    python benchmarks/lm_decode_device.py --resident --out docs/results/lm_decode_resident.json
+    python benchmarks/lm_decode_device.py --model 1B --forms bfloat16,int8@pallas --batches 1,16 --out part.json
+    python benchmarks/lm_decode_device.py --plot-from docs/results/lm_decode.json --out docs/img/lm_decode_resident.png
+
+A form written ``FORM@pallas`` or ``FORM@xla`` runs its low-bit products with that implementation.
+``benchmarks/lm_decode_device.sh`` runs the accelerator parts and merges them into
+``docs/results/lm_decode_device.json``.
+"""
+
+import sys
+
+from stejax.bench._lm_decode import main
+
+if __name__ == "__main__":
+    main(sys.argv[1:], prog="python benchmarks/lm_decode_device.py")
