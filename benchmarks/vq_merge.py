@@ -1,14 +1,17 @@
-"""Merge ``stejax vq compare`` runs of disjoint parts of one grid (here one per code dimension) into one report.
+"""Merge ``stejax vq compare`` runs of disjoint parts of one grid (here one per set-up) into one report.
 
 Run from the repository root after the parts, which can run side by side:
 
-    stejax vq compare --code-dims 8 --workers 3 --out bench-out/vq-d8
-    stejax vq compare --code-dims 32 --workers 3 --out bench-out/vq-d32
-    .venv/bin/python benchmarks/vq_merge.py bench-out/vq-d8 bench-out/vq-d32 --out bench-out/vq-compare \\
-        --results docs/results --figures docs/img/vq
+    stejax vq compare --setups reference --digits --workers 2 --out bench-out/vq-reference
+    stejax vq compare --setups gradient --no-digits --workers 2 --out bench-out/vq-gradient
+    stejax vq compare --setups wide-init --no-digits --workers 2 --out bench-out/vq-wide-init
+    .venv/bin/python benchmarks/vq_merge.py bench-out/vq-reference bench-out/vq-gradient bench-out/vq-wide-init \\
+        --out bench-out/vq-compare --results docs/results --figures docs/img/vq --command "..."
 
-The parts must share every setting but the grid; the merged report has all their per-seed rows, the summary and
-MSE / FSQ recomputed, the targets judged on the whole grid, and the parts' programs, compilations and seconds.
+The parts must share every setting but the grid (set-ups, codebook sizes, code dimensions, the digits check);
+the merged report has all their per-seed rows, the summary and MSE / FSQ recomputed, the targets judged on the
+whole grid (with the digits check of the part that ran it), and the parts' programs, compilations and seconds.
+Writes vq_compare.json and, with a digits check, vq_digits.json.
 """
 
 from __future__ import annotations
@@ -21,9 +24,9 @@ from pathlib import Path
 
 from stejax.vq import CompareSettings, judge_targets, write_report
 from stejax.vq._compare import _add_fsq_ratios, summarize
-from stejax.vq._results import record
+from stejax.vq._results import record, record_digits
 
-_GRID = ("codebook_sizes", "code_dims")
+_GRID = ("codebook_sizes", "code_dims", "setups", "digits")
 
 
 def merge(parts: list[dict]) -> dict:
@@ -34,16 +37,27 @@ def merge(parts: list[dict]) -> dict:
             raise ValueError("vq_merge: the parts differ in a setting other than the grid.")
     rows = [r for p in parts for r in p["rows"]]
     _add_fsq_ratios(rows)
-    grid = {key: tuple(sorted({v for p in parts for v in p["settings"][key]})) for key in _GRID}
+    grid = {key: tuple(sorted({v for p in parts for v in p["settings"][key]})) for key in _GRID[:2]}
+    grid["setups"] = tuple(u for p in parts for u in p["settings"]["setups"])
+    digits = next((p["digits"] for p in parts if p.get("digits")), None)
+    grid["digits"] = digits is not None
     fields = {f.name for f in dataclasses.fields(CompareSettings)}
     settings = CompareSettings(**{k: tuple(v) if isinstance(v, list) else v for k, v in first.items() if k in fields})
     settings = dataclasses.replace(settings, **grid)
     summary = summarize(rows)
-    summary.sort(key=lambda e: (e["code_dim"], e["codebook_size"], settings.variants.index(e["variant"])))
+    summary.sort(
+        key=lambda e: (
+            settings.setups.index(e["setup"]),
+            e["code_dim"],
+            e["codebook_size"],
+            settings.variants.index(e["variant"]),
+        )
+    )
     return {
         "rows": rows,
         "summary": summary,
-        "targets": judge_targets(summary, settings),
+        "targets": judge_targets(summary, settings, digits=digits),
+        "digits": digits,
         "data": {**parts[0]["data"], "max_codebook_size": max(settings.codebook_sizes)},
         "programs": [q for p in parts for q in p["programs"]],
         "compiles": sum(p["compiles"] for p in parts),
@@ -52,7 +66,8 @@ def merge(parts: list[dict]) -> dict:
         "workers": [p["workers"] for p in parts],
         "settings": dataclasses.asdict(settings),
         "variants": parts[0]["variants"],
-        "parts": [{"code_dims": p["settings"]["code_dims"], "wall_seconds": p.get("wall_seconds")} for p in parts],
+        "setups": {k: v for p in parts for k, v in p["setups"].items()},
+        "parts": [{"setups": p["settings"]["setups"], "wall_seconds": p.get("wall_seconds")} for p in parts],
     }
 
 
@@ -76,6 +91,10 @@ def main() -> None:
         if args.load_start is not None:
             provenance["load"] = {"start": args.load_start, "end": round(os.getloadavg()[0], 2)}
         record(report, Path(args.results) / "vq_compare.json", command=args.command, **provenance)
+        if report["digits"]:
+            record_digits(
+                report, Path(args.results) / "vq_digits.json", command=args.command, name="vq_digits", **provenance
+            )
     for t in report["targets"]:
         print(f"{'MET' if t['passed'] else 'MISSED'} {t['name']}: {t['detail']}")
 

@@ -24,7 +24,15 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--results", default=None, help="Write the results file vq_pilot.json into this folder.")
     args = parser.parse_args()
-    base = CompareSettings(seeds=(100,), codebook_sizes=(4096,), steps=args.steps, variants=("ste",))
+    base = CompareSettings(
+        seeds=(100,),
+        codebook_sizes=(4096,),
+        code_dims=(8, 32),
+        steps=args.steps,
+        variants=("ste",),
+        setups=("wide-init",),
+        digits=False,
+    )
     rows = []
     for scale, lr in ((1.0, 1e-3), (1.0, 3e-3), (0.1, 1e-3)):
         s = dataclasses.replace(base, init_scale=scale, learning_rate=lr)

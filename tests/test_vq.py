@@ -262,7 +262,7 @@ def test_gradient_codebook_tracks_sizes_but_keeps_its_codes():
     out = cb.quantize(params, jnp.array([[0.1, 0.1]]))
     new_params, new_state = cb.update_state(params, state, out)
     np.testing.assert_array_equal(np.asarray(new_params["codes"]), CODES)
-    np.testing.assert_allclose(np.asarray(new_state.cluster_size), 0.99 * 1 + 0.01 * np.array([1, 0, 0, 0, 0]))
+    np.testing.assert_allclose(np.asarray(new_state.cluster_size), 0.8 * 1 + 0.2 * np.array([1, 0, 0, 0, 0]), rtol=1e-6)
 
 
 def test_kmeans_init_is_deterministic_for_a_key_and_fits_clusters():
@@ -402,6 +402,9 @@ def test_entropy_loss_closed_form():
         ({"dead_code_threshold": -1}, r"`dead_code_threshold` must be a float >= 0"),
         ({"heads": 3}, r"`dim` \(2\) must be divisible by `heads` \(3\)"),
         ({"codebook_size": 0}, r"`codebook_size` must be a positive int; got 0"),
+        ({"code_init": "zeros"}, r"`code_init` must be one of \('normal', 'uniform', 'kaiming_uniform'\); got 'zeros'"),
+        ({"init_scale": 0.5}, r"`init_scale` \(0.5\) sets the scale of code_init='normal' or 'uniform'"),
+        ({"code_init": "normal", "init_scale": -1.0}, r"`init_scale` must be a positive float or None; got -1.0"),
     ],
 )
 def test_bad_configuration_is_refused(kw, match):
@@ -482,3 +485,64 @@ def test_usage_batch_usage_and_perplexity_on_hand_made_assignments():
     assert float(perplexity(idx, 8)) == pytest.approx(math.exp(-(p * np.log(p)).sum()), rel=1e-6)
     with pytest.raises(TypeError, match="batch_usage: `indices` must be integers"):
         stejax.vq.batch_usage(jnp.zeros((2, 2)), 8)
+
+
+# ------------------------------------------------------------------------------------------------
+# The defaults: small Kaiming-uniform codes, EMA decay 0.8, the initialisation recorded in the state
+# ------------------------------------------------------------------------------------------------
+
+
+def test_default_codes_are_kaiming_uniform_and_the_decay_is_0_8():
+    cb = Codebook(codebook_size=256, dim=32)
+    assert (cb.code_init, cb.decay, cb.init_scale) == ("kaiming_uniform", 0.8, None)
+    params, state = cb.init(key=jax.random.key(0))
+    codes = np.asarray(params["codes"])
+    bound = math.sqrt(6 / (256 * 32))
+    assert np.abs(codes).max() <= bound and np.abs(codes).max() > 0.95 * bound
+    assert abs(codes.std() - bound / math.sqrt(3)) < 0.05 * bound  # the spread of U(-b, b)
+    assert state.initialisation == "kaiming_uniform"
+    np.testing.assert_array_equal(np.asarray(state.embed_sum), codes)
+
+
+@pytest.mark.parametrize(
+    ("kw", "spread"),
+    [
+        ({"code_init": "uniform"}, (1 / 64) / math.sqrt(3)),  # U(-1/K, 1/K), taming-transformers' start
+        ({"code_init": "uniform", "init_scale": 0.5}, 0.5 / math.sqrt(3)),
+        ({"code_init": "normal"}, 1.0),  # N(0, 1): the codes before the defaults changed
+        ({"code_init": "normal", "init_scale": 0.1}, 0.1),
+    ],
+)
+def test_other_initial_codes(kw, spread):
+    cb = Codebook(codebook_size=64, dim=64, **kw)
+    params, state = cb.init(key=jax.random.key(1))
+    assert abs(float(jnp.std(params["codes"])) - spread) < 0.05 * spread
+    assert state.initialisation == kw["code_init"]
+
+
+def test_kmeans_init_records_its_initialisation():
+    cb = Codebook(codebook_size=4, dim=2)
+    params, state = cb.init(key=jax.random.key(0))
+    x = jax.random.normal(jax.random.key(1), (40, 2))
+    _, state = cb.kmeans_init(params, state, x, key=jax.random.key(2))
+    assert state.initialisation == "kmeans"
+
+
+def test_a_state_saved_without_its_initialisation_loads_and_trains_unchanged():
+    # A state saved before the initialisation was recorded has two fields; it loads as it was and every
+    # update keeps it so, with the same numbers as a state that records it.
+    cb = Codebook(codebook_size=5, dim=2, update="ema", dead_code_threshold=0.5)
+    _, params, state = _codebook(update="ema", dead_code_threshold=0.5)
+    old = CodebookState(*tuple(state)[:2])
+    assert old.code_init is None and old.initialisation is None
+    out = cb.quantize(params, jnp.asarray(CODES) + 0.1)
+    p_old, s_old = cb.update_state(params, old, out)
+    p_new, s_new = cb.update_state(params, state, out)
+    p_old, s_old, _ = cb.replace_dead(p_old, s_old, out.vectors, key=jax.random.key(3))
+    p_new, s_new, _ = cb.replace_dead(p_new, s_new, out.vectors, key=jax.random.key(3))
+    assert s_old.code_init is None and s_new.initialisation == "kaiming_uniform"
+    np.testing.assert_array_equal(np.asarray(p_old["codes"]), np.asarray(p_new["codes"]))
+    np.testing.assert_array_equal(np.asarray(s_old.cluster_size), np.asarray(s_new.cluster_size))
+    # and under jit, where None is an empty subtree
+    jitted = jax.jit(cb.update_state)(params, old, out)[1]
+    assert jitted.code_init is None

@@ -215,7 +215,7 @@ class CompareSettings:
     runs the first program a second time to count its compilations on known
     shapes (none expected).
 
-    ``digits`` adds the real-data check (:mod:`stejax.vq._digits`): a small
+    ``digits`` adds the real-data check: a small
     convolutional VQ-VAE on scikit-learn's 8x8 digits with ``digits_codebook_size``
     codes of dimension ``digits_code_dim``, every VQ variant under the ``reference``
     set-up and FSQ at the same number of codes, ``digits_steps`` steps.
@@ -552,7 +552,7 @@ def _evaluate(m: _Model, params, x_val):
         norms = jnp.linalg.norm(m.codebook.codes(params["codebook"]).astype(jnp.float32), axis=-1)
         used = jnp.bincount(indices.reshape(-1), length=k) > 0
         q_norm_all = jnp.mean(norms)
-        q_norm_used = jnp.sum(jnp.where(used, norms, 0.0)) / jnp.maximum(jnp.sum(used), 1)
+        q_norm_used = jnp.sum(jnp.where(used, norms, 0.0)) / jnp.maximum(jnp.sum(used.astype(jnp.float32)), 1.0)
     else:  # FSQ's codes are a fixed grid: no codebook to measure
         q_norm_all = q_norm_used = jnp.float32(jnp.nan)
     return {
