@@ -54,7 +54,7 @@ class WeightFormat:
 
     @property
     def container(self) -> str:
-        """The storage container (see :mod:`stejax.export._packing`), or ``"float32"``."""
+        """The storage container (``"int8"``, or the packed container of a narrower code), or ``"float32"``."""
         if not self.quantised:
             return "float32"
         return container_for(self.bits, binary=self.method == "sign")

@@ -341,7 +341,7 @@ def compare_lm(
     2 workers halve the wall time of 2 seeds.
 
     ``extra`` adds fine-tuned configurations made by other means (a peer
-    library's quantisation, :mod:`stejax.bench._peers_lm`): ``name -> f`` with
+    library's quantisation, as the peers suite of ``stejax bench`` does): ``name -> f`` with
     ``f(float checkpoint) -> model``, fine-tuned exactly as the configurations
     (the same schedule, one key each from ``fold_in(key(seed), 1000 + i)`` so
     that the other runs' keys do not change) and scored on the same text. With

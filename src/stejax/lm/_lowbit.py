@@ -95,10 +95,10 @@ class LowBitLinear(nnx.Module):
       scale: float32: ``(out,)`` for int8, ``(groups, out)`` for int4 and int2, ``()`` for ternary.
       in_features, out_features: the kernel's shape.
       input_bits: 8 or 4: the per-token input codes.
-      implementation: the integer product: ``"xla"`` (``lax.dot_general``), ``"pallas"`` (the Pallas TPU
-        kernels of :mod:`stejax.lm._kernel_int8`, ``_kernel_int4``, ``_kernel_ternary``), or None: the kernel
+      implementation: the integer product: ``"xla"`` (``lax.dot_general``), ``"pallas"`` (stejax's Pallas TPU
+        kernels for int8, grouped int4 and int2, and 2-bit ternary weights), or None: the kernel
         where the backend is a TPU generation on which the kernels have matched their references
-        (``stejax.lm._kernel_blocks.VERIFIED_ON``, none yet) and the shape suits it (a few rows, as in
+        (none yet) and the shape suits it (a few rows, as in
         decoding), else XLA. The two give the same int32 sums; int8 and ternary logits are identical, grouped
         int4 and int2 ones equal to float32 rounding (the group scales' sums, compiled apart).
       interpret: run the kernels in Pallas interpret mode (any backend; for tests).
