@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -82,6 +83,15 @@ def record(
     for t in report["targets"]:
         if not t["key"].startswith("digits_"):  # those go to the digits check's own file (record_digits)
             figures[t["key"]] = Figure(t["value"], _text(t["key"], t["value"]), target=t["name"], met=t["passed"])
+    fsq = [e for e in report["summary"] if e["variant"] == "fsq"]
+    if fsq:  # how many bits FSQ's codes carry at the largest K: the entropy of its code histogram
+        top = max(fsq, key=lambda e: e["codebook_size"])
+        bits = math.log2(top["perplexity"])
+        figures["fsq_code_entropy"] = Figure(
+            round(bits, 3),
+            f"{bits:.2f} of {math.log2(top['codebook_size']):.0f} bits",
+            note=f"K = {top['codebook_size']}",
+        )
     figures["programs"] = Figure(len(report["programs"]), str(len(report["programs"])))
     figures["compiles"] = Figure(report["compiles"], str(report["compiles"]))
     wall = report.get("wall_seconds", report["seconds"])
