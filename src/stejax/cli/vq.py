@@ -86,7 +86,8 @@ def vq_group() -> None:
     "--results",
     type=directory(),
     default=None,
-    help="Also write the results file vq_compare.json (vq_compare_quick.json with --quick) into this folder.",
+    help="Also write the results file vq_compare.json (vq_compare_quick.json with --quick) into this folder, "
+    "and vq_digits.json with the digits check.",
 )
 @click.option(
     "--figures",
