@@ -5,11 +5,12 @@ Run from the repository root, with the JAX of the accelerator installed (a TPU o
     python benchmarks/device_suite.py [--results DIR] [pytest options]
 
 It runs the modules that exercise numerics (:data:`MODULES`: every estimator family through the verifier, the
-verifier and its mutants, the platform contract, the NNX rules, the language model's training step and decoding,
-spiking networks and vector quantisation) on the device JAX picks, in one process (one program at a time holds a
-TPU), with the suite's own warning policy. Tests that need what the device lacks (float64 on a TPU) are selected out
-with their reason; see ``tests/conftest.py``. With ``--results DIR`` it writes ``DIR/device_suite.json``: per module
-the tests run, passed, failed and selected out, and the time. The exit status is pytest's.
+verifier and its mutants, the platform contract, integer training products, the NNX rules, the language model's
+training step and decoding with its compiled Pallas kernels, spiking networks and vector quantisation) on the device
+JAX picks, in one process (one program at a time holds a TPU), with the suite's own warning policy. Tests that need
+what the device lacks (float64 on a TPU) are selected out with their reason; see ``tests/conftest.py``. With
+``--results DIR`` it writes ``DIR/device_suite.json``: per module the tests run, passed, failed and selected out,
+and the time. The exit status is pytest's.
 """
 
 from __future__ import annotations
@@ -30,11 +31,13 @@ MODULES = (
     "tests/test_binary.py",
     "tests/test_latent.py",
     "tests/test_products.py",
+    "tests/test_int_products.py",
     "tests/test_verify.py",
     "tests/test_verify_broken.py",
     "tests/test_flax_rules.py",
     "tests/test_lm.py",
     "tests/test_lm_decode.py",
+    "tests/test_lm_kernels.py",
     "tests/test_snn.py",
     "tests/test_vq.py",
 )
