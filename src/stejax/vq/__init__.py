@@ -20,7 +20,6 @@ from stejax.vq._compare import VARIANTS as VARIANTS
 from stejax.vq._compare import CompareSettings as CompareSettings
 from stejax.vq._compare import Setup as Setup
 from stejax.vq._compare import Variant as Variant
-from stejax.vq._compare import compare as compare
 from stejax.vq._compare import fsq_levels_for as fsq_levels_for
 from stejax.vq._compare import judge_targets as judge_targets
 from stejax.vq._fsq import FSQ as FSQ
@@ -34,3 +33,4 @@ from stejax.vq._metrics import perplexity as perplexity
 from stejax.vq._metrics import quantization_error as quantization_error
 from stejax.vq._metrics import usage as usage
 from stejax.vq._report import write_report as write_report
+from stejax.vq._run import compare as compare

@@ -42,9 +42,9 @@ __all__ = [
     "CompareSettings",
     "Setup",
     "Variant",
-    "compare",
     "fsq_levels_for",
     "judge_targets",
+    "run_grid",
 ]
 
 
@@ -607,33 +607,14 @@ def jobs_of(s: CompareSettings) -> list[tuple[str | None, str, int, int]]:
     return jobs
 
 
-def compare(
+def run_grid(
     settings: CompareSettings = CompareSettings(),
     *,
     workers: int = 1,
     progress: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
-    """Train every variant under every set-up at every ``K`` and ``d`` on every seed; return the report.
-
-    The report (a JSON-ready dict) has ``rows`` (one per set-up, variant, ``K``,
-    ``d`` and seed: ``usage``, ``batch_usage``, ``perplexity``,
-    ``perplexity_over_k``, ``val_mse``, ``mse_over_fsq``, ``train_mse_end``,
-    ``replaced``, ``bits`` and the collapse diagnostics ``*_start`` and ``*_end``:
-    ``usage``, ``z_norm`` (the encoder's mean ``||z||``), ``q_norm_used`` and
-    ``q_norm_all`` (the codes' mean norm over the codes used in the validation
-    epoch and over the whole codebook), ``quant_error`` (the mean ``||v - q||``
-    between each quantised vector and its code) and ``cosine`` (their mean cosine);
-    FSQ's rows stand in every set-up), ``summary`` (the same, mean over seeds, plus
-    ``usage_std`` and ``val_mse_std``), ``targets`` (judged, met or missed),
-    ``digits`` (the real-data check, when ``settings.digits``), ``data`` (the data
-    cap), ``programs`` (seconds and XLA compilations of each program: ``compiles``
-    while it first ran, ``compiles_again`` while it ran a second time on the same
-    shapes, when ``repeat_first`` asks for it), ``compiles`` (all of them),
-    ``seconds``, ``settings`` and ``setups``.
-
-    ``workers`` programs run at once in threads (the results do not depend on it);
-    with more than one, the compilations are counted for the whole run only.
-    """
+    """The synthetic grid of :func:`stejax.vq.compare`: its report, with ``digits`` None and the targets judged
+    without the real-data check (``compare`` adds both)."""
     from concurrent.futures import ThreadPoolExecutor
 
     from stejax.bench import CompileCounter
@@ -690,10 +671,6 @@ def compare(
     _add_fsq_ratios(rows)
     summary = summarize(rows)
     digits = None
-    if s.digits:
-        from stejax.vq._digits import digits_check
-
-        digits = digits_check(s, workers=workers, progress=say)
     return {
         "rows": rows,
         "summary": summary,
