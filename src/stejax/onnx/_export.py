@@ -143,15 +143,15 @@ def _speed(proto: Any, float_proto: Any, x: np.ndarray, *, threads: int = 2, rou
 
     from stejax.onnx._runtime import open_runtime
 
-    sessions = [open_runtime(p.SerializeToString(), threads=threads) for p in (proto, float_proto)]
-    for session in sessions:  # the first calls allocate and tune
+    runtimes = [open_runtime(p.SerializeToString(), threads=threads) for p in (proto, float_proto)]
+    for runtime in runtimes:  # the first calls allocate and tune
         for _ in range(3):
-            session.run(None, {"features": x})
+            runtime.run(None, {"features": x})
     times: list[list[float]] = [[], []]
     for r in range(rounds):
         for i in (0, 1) if r % 2 == 0 else (1, 0):
             start = time.perf_counter()
-            sessions[i].run(None, {"features": x})
+            runtimes[i].run(None, {"features": x})
             times[i].append(1e3 * (time.perf_counter() - start))
     quantised, float_ = (float(np.median(t)) for t in times)
     return OnnxSpeed(len(x), threads, quantised, float_)
