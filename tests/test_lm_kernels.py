@@ -203,3 +203,48 @@ def test_greedy_bytes_with_kernels_equal_the_per_byte_loop(artifacts, config):
         want = tuple(generate(loaded.reference, p, tokens=48, key=key, temperature=0).tokens for p in PROMPTS)
     got = decode(_with_kernels(loaded.model), list(PROMPTS), tokens=48, key=key, temperature=0)
     assert got.texts == want
+
+
+# ----------------------------------------------------------------------------- lowering for a TPU, on any machine
+
+
+def _mosaic_matmuls(fn, *args) -> list[str]:
+    """The ``tpu.matmul`` lines of the Mosaic modules that ``fn`` lowers to for a TPU (exported, never run)."""
+    import jax._src.tpu_custom_call as tpu_custom_call  # the Mosaic module before serialisation: a private hook
+
+    seen: list[str] = []
+    original = tpu_custom_call._lower_mosaic_module_to_asm
+
+    def spy(module, *rest, **options):
+        seen.append(str(module))
+        return original(module, *rest, **options)
+
+    specs = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in args]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(tpu_custom_call, "_lower_mosaic_module_to_asm", spy)
+        jax.export.export(jax.jit(fn), platforms=["tpu"])(*specs)
+    return [line.strip() for text in seen for line in text.splitlines() if "tpu.matmul" in line]
+
+
+@pytest.mark.parametrize("precision", ["default", "highest"])
+def test_kernels_lower_for_a_tpu_with_int8_matmuls_at_any_default_precision(precision):
+    # Under "highest" a bare jnp.dot would carry contract_precision<fp32>, which Mosaic refuses for int8 operands
+    # ("Bad lhs type") when it compiles on the chip.
+    q = jnp.zeros((3, 256), jnp.int8)
+    cases = {
+        "int8": (int8_accumulate, q, jnp.zeros((256, 128), jnp.int8)),
+        "ternary": (ternary_accumulate, q, jnp.zeros((1, 64, 128), jnp.int8)),
+        "int4": (
+            lambda q, p, s: grouped_sum(q, p, s, bits=4),
+            q,
+            jnp.zeros((8, 16, 128), jnp.int8),
+            jnp.zeros((8, 128), jnp.float32),
+        ),
+    }
+    with jax.default_matmul_precision(precision):
+        for name, (fn, *args) in cases.items():
+            matmuls = _mosaic_matmuls(fn, *args)
+            assert matmuls, name
+            for line in matmuls:
+                assert "xi8>" in line and "xi32>" in line, (name, line)
+                assert "fp32" not in line, (name, line)

@@ -30,12 +30,27 @@ __all__ = [
     "Blocks",
     "arrange_input",
     "default_blocks",
+    "int8_dot",
     "kernel_backend",
     "unpack_slices",
     "vmem_limit",
 ]
 
 IMPLEMENTATIONS = (None, "xla", "pallas")
+
+
+def int8_dot(x: jax.Array, w: jax.Array) -> jax.Array:
+    """``x`` int8 ``(m, k)`` times ``w`` int8 ``(k, n)`` inside a kernel: int32 ``(m, n)``, on the MXU.
+
+    The precision is stated, not inherited: under ``jax.default_matmul_precision("highest")`` a bare
+    ``jnp.dot`` asks Mosaic for a float32 contraction, which it refuses for int8 operands ("Bad lhs type").
+    Integer products are exact at any precision.
+    """
+    return jax.lax.dot_general(
+        x, w, (((1,), (0,)), ((), ())), precision=jax.lax.Precision.DEFAULT, preferred_element_type=jnp.int32
+    )
+
+
 _LANES = 128
 # A weight block of at most this many bytes (packed): about 2.5 µs of HBM reading on a v5e, against about
 # 0.35 µs of fixed cost per grid step.

@@ -29,7 +29,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from stejax.lm._kernel_blocks import Blocks, arrange_input, default_blocks, unpack_slices, vmem_limit
+from stejax.lm._kernel_blocks import Blocks, arrange_input, default_blocks, int8_dot, unpack_slices, vmem_limit
 
 __all__ = ["grouped_kernel_fits", "grouped_sum", "grouped_sum_reference"]
 
@@ -101,7 +101,7 @@ def _body(
 
     sums = None
     for s, codes in enumerate(unpack_slices(w_ref[...], bits)):
-        product = jnp.dot(x_ref[s], codes, preferred_element_type=jnp.int32)
+        product = int8_dot(x_ref[s], codes)
         sums = product if sums is None else sums + product
     assert sums is not None
     parts = sums.astype(jnp.float32)

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from stejax.lm._kernel_blocks import Blocks, default_blocks, vmem_limit
+from stejax.lm._kernel_blocks import Blocks, default_blocks, int8_dot, vmem_limit
 
 __all__ = ["ROW_PAD", "int8_accumulate", "int8_accumulate_reference", "int8_kernel_fits"]
 
@@ -51,7 +51,7 @@ def _body(x_ref: jax.Array, w_ref: jax.Array, out_ref: jax.Array, acc_ref: jax.A
     def _() -> None:
         acc_ref[...] = jnp.zeros_like(acc_ref)
 
-    acc_ref[...] += jnp.dot(x_ref[...], w_ref[...], preferred_element_type=jnp.int32)
+    acc_ref[...] += int8_dot(x_ref[...], w_ref[...])
 
     @pl.when(pl.program_id(1) == pl.num_programs(1) - 1)
     def _() -> None:

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from stejax.lm._kernel_blocks import Blocks, arrange_input, default_blocks, unpack_slices, vmem_limit
+from stejax.lm._kernel_blocks import Blocks, arrange_input, default_blocks, int8_dot, unpack_slices, vmem_limit
 
 __all__ = ["ternary_accumulate", "ternary_accumulate_reference", "ternary_kernel_fits"]
 
@@ -76,7 +76,7 @@ def _body(x_ref: jax.Array, w_ref: jax.Array, out_ref: jax.Array, acc_ref: jax.A
 
     acc = acc_ref[...]
     for s, codes in enumerate(unpack_slices(w_ref[...], 2)):
-        acc += jnp.dot(x_ref[s], codes, preferred_element_type=jnp.int32)
+        acc += int8_dot(x_ref[s], codes)
     acc_ref[...] = acc
 
     @pl.when(pl.program_id(1) == pl.num_programs(1) - 1)
