@@ -10,7 +10,7 @@ training step and decoding with its compiled Pallas kernels, spiking networks an
 JAX picks, in one process (one program at a time holds a TPU), with the suite's own warning policy. Tests that need
 what the device lacks (float64 on a TPU) are selected out with their reason; see ``tests/conftest.py``. With
 ``--results DIR`` it writes ``DIR/device_suite.json``: per module the tests run, passed, failed and selected out,
-and the time. The exit status is pytest's.
+the time, and each failure's test id and message. The exit status is pytest's.
 """
 
 from __future__ import annotations
@@ -51,6 +51,7 @@ class Counter:
     def __init__(self) -> None:
         self.outcome: dict[str, str] = {}
         self.reason: dict[str, str] = {}
+        self.failure: dict[str, str] = {}
         self.seconds: collections.Counter[str] = collections.Counter()
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
@@ -61,6 +62,9 @@ class Counter:
             self.reason[report.nodeid] = str(report.longrepr[-1]) if isinstance(report.longrepr, tuple) else ""
         elif report.failed:
             self.outcome[report.nodeid] = "failed"
+            crash = getattr(report.longrepr, "reprcrash", None)
+            message = crash.message if crash is not None else str(report.longrepr)
+            self.failure[report.nodeid] = f"{report.when}: {' '.join(message.split())[:300]}"
         elif report.when == "call" and report.nodeid not in self.outcome:
             self.outcome[report.nodeid] = "passed"
 
@@ -81,6 +85,7 @@ class Counter:
                     "selected_out": c["selected_out"],
                     "run_share": (c["passed"] + c["failed"]) / total if total else 0.0,
                     "seconds": round(self.seconds[module], 1),
+                    "failures": {n: m for n, m in sorted(self.failure.items()) if n.split("::", 1)[0] == module},
                 }
             )
         return rows

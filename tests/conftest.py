@@ -68,6 +68,9 @@ if CONTRACT.platform != "cpu":
     # float32 references (NumPy, the exported integer forward, cached against uncached decoding) hold at float32
     # products; the backend's default precision is another contract entry, tested in test_platform.py.
     jax.config.update("jax_default_matmul_precision", "highest")
+    # One process holds the device: no other process reads the run's cache, and on a TPU compressing each large
+    # executable for it costs more than compiling it.
+    jax.config.update("jax_enable_compilation_cache", False)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -3,29 +3,20 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
 
-import jax
 import numpy as np
 
 from stejax.verify import flush_subnormal_inputs, platform_contract
 
 
-@contextlib.contextmanager
-def no_persistent_cache() -> Iterator[None]:
+def no_persistent_cache() -> contextlib.AbstractContextManager[None]:
     """The run's persistent compilation cache (tests/conftest.py) off inside the block: every program compiles here.
 
     For a test that counts compilations, where a program read from the cache would not count.
     """
-    from jax._src import compilation_cache
+    from stejax._compile_cache import persistent_cache_off
 
-    jax.config.update("jax_enable_compilation_cache", False)
-    compilation_cache.reset_cache()
-    try:
-        yield
-    finally:
-        jax.config.update("jax_enable_compilation_cache", True)
-        compilation_cache.reset_cache()
+    return persistent_cache_off()
 
 
 def boundary_triplets(points, dtype) -> np.ndarray:

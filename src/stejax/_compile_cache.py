@@ -9,11 +9,12 @@ never does on its own.
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
-__all__ = ["cache_dir", "enable_compile_cache"]
+__all__ = ["cache_dir", "enable_compile_cache", "persistent_cache_off"]
 
 # Programs that compile faster than this are not worth a disk entry (JAX's default is 1 s,
 # which leaves out most of the training steps here).
@@ -52,3 +53,24 @@ def enable_compile_cache() -> Path:
         os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = str(MIN_COMPILE_SECONDS)
         jax.config.update("jax_persistent_cache_min_compile_time_secs", MIN_COMPILE_SECONDS)
     return directory
+
+
+@contextlib.contextmanager
+def persistent_cache_off() -> Iterator[None]:
+    """JAX's persistent compilation cache off inside the block, as it was after: every program compiles there.
+
+    For measurements of compilation (a program read from the cache is not compiled) and for programs
+    compiled once, whose cache entry only costs its writing: on a TPU, compressing a large executable
+    for the cache can take longer than compiling it.
+    """
+    import jax
+    from jax._src import compilation_cache
+
+    before = jax.config.jax_enable_compilation_cache
+    jax.config.update("jax_enable_compilation_cache", False)
+    compilation_cache.reset_cache()
+    try:
+        yield
+    finally:
+        jax.config.update("jax_enable_compilation_cache", before)
+        compilation_cache.reset_cache()

@@ -22,7 +22,7 @@ a 2048-wide model and its Adam state are held once, not once per variant):
 Quantised sites: the block linears (q, k, v, o, gate, up, down), as
 :data:`stejax.lm._configs.SITES`; the embedding, the head and the attention
 products stay float in every variant. Each step is compiled once, ahead of
-time (its compile time is recorded), and its compiled HLO is searched for
+time, with the persistent compilation cache off (its compile time is recorded), and its compiled HLO is searched for
 int8 products (``s8`` operands of a ``dot`` or ``convolution``): the count
 proves which products ran in integers. The steps are then timed side by side
 by :func:`stejax.bench.compare` (interleaved rounds, medians; ratios per
@@ -47,6 +47,7 @@ from typing import Any, cast
 import jax
 import jax.numpy as jnp
 
+from stejax._compile_cache import persistent_cache_off
 from stejax.bench._measure import compare, standard_promotion
 
 __all__ = ["DEPTH", "VARIANTS", "model_config", "train_step_suite"]
@@ -176,7 +177,8 @@ def _steps(models: dict[str, Any], x: jax.Array, y: jax.Array) -> tuple[dict[str
             states.append((structure, state))
         start = time.perf_counter()
         try:
-            with standard_promotion():
+            # A real compilation each time (its time is a figure), and no cache entry to compress and write.
+            with standard_promotion(), persistent_cache_off():
                 compiled = jax.jit(step).trace(params, state, x, y).lower().compile()
         except jax.errors.JaxRuntimeError as error:  # e.g. RESOURCE_EXHAUSTED: the step does not fit the device
             facts[label] = {"compile_s": None, "int8_dots": None, "error": " ".join(str(error).split())[:300]}
