@@ -30,6 +30,8 @@ __all__ = ["compare_command", "demo", "train_command"]
 _MODEL_CHOICE = click.Choice(["mlp", "cnn"])
 # The QAT presets (stejax.model.PRESETS, without importing the model at start-up; a test keeps them equal).
 _PRESETS = ("float", "w8a8", "w4a4", "w2a2", "w1a32", "w1a1", "w4a4_no_ste")
+# How the quantised layers multiply (stejax.train.PRODUCTS; a test keeps them equal).
+_PRODUCTS = ("fake-quant", "int8-forward", "int8")
 
 
 def _configs_option(function):
@@ -71,6 +73,18 @@ def _split_option(function):
 @click.option("--epochs", type=click.IntRange(min=1), default=None, help="Override the number of epochs.")
 @click.option("--seed", type=click.IntRange(min=0), default=None, help="Override the training seed.")
 @click.option("--model", type=_MODEL_CHOICE, default=None, help="Override the model: a multilayer perceptron or a CNN.")
+@click.option(
+    "--product",
+    type=click.Choice(_PRODUCTS),
+    default=None,
+    help="How the quantised layers multiply (default: the config file's, else fake-quant). fake-quant: float "
+    "products of the fake-quantised operands. int8-forward: int8 x int8 -> int32 forward products, float "
+    "straight-through gradient. int8: the forward and both backward products in int8, the gradient's cotangent "
+    "quantised per row and per column (a declared gradient, about 1% from the straight-through one). Integer "
+    "products quantise with their own absmax scales (inputs per example, or per patch in a convolution; weights "
+    "per output channel) in place of the LSQ steps, so they take w8a8 (8-bit weights and inputs in every "
+    "quantised layer); they pay off on accelerators with fast int8 products (see docs/integer-training.md).",
+)
 @click.option(
     "--out",
     type=click.Path(file_okay=False, path_type=Path),
@@ -117,6 +131,7 @@ def train_command(
     epochs: int | None,
     seed: int | None,
     model: str | None,
+    product: str | None,
     out: Path,
     debug_keys: int | None,
     devices: int | None,
@@ -129,18 +144,23 @@ def train_command(
 
     OUT gets config.json, metrics.jsonl (one line per epoch), params.safetensors
     (the parameters with the best validation accuracy), normalizer.json and
-    report.json (their test accuracy: the test split is used once, at the end).
-    Give a preset (trained with the default recipe) or a config file. With
+    report.json (their test accuracy: the test split is used once, at the end;
+    it and config.json record the product kind). Give a preset (trained with
+    the default recipe) or a config file. With
     --devices or --coordinator the batch is split over a device mesh (same
     results up to reduction order); across processes only process 0 writes OUT.
     """
     from stejax.train import TrainConfig, train
 
     config = _train_config(TrainConfig, preset_name, config_file, epochs=epochs, seed=seed, model=model)
+    config = _with_product(config, product)
     mesh = _data_mesh(config, devices, shard_params, debug_keys, coordinator, num_processes, process_id)
     parallel = {} if mesh is None else {"mesh": mesh, "param_sharding": "sharded" if shard_params else "replicated"}
     console = Console()
-    console.print(Text(f"training {config.preset} ({config.model}, seed {config.seed}, up to {config.epochs} epochs)"))
+    products = "" if config.product == "fake-quant" else f", {config.product} products"
+    console.print(
+        Text(f"training {config.preset} ({config.model}, seed {config.seed}, up to {config.epochs} epochs{products})")
+    )
     if mesh is not None:
         console.print(Text(f"data parallel over {mesh.size} devices, parameters {parallel['param_sharding']}"))
     with progress_bar(console) as progress:
@@ -292,6 +312,18 @@ def _train_config(cls, preset_name, config_file, **overrides):
     except (TypeError, ValueError) as error:
         hint = "--config" if config_file is not None else "--preset"
         raise click.BadParameter(str(error), param_hint=hint) from None
+
+
+def _with_product(config, product):
+    """``config`` with ``--product`` applied (None: the config's own), or a BadParameter naming what clashes."""
+    if product is None or product == config.product:
+        return config
+    import dataclasses
+
+    try:
+        return dataclasses.replace(config, product=product)
+    except ValueError as error:
+        raise click.BadParameter(str(error), param_hint="--product") from None
 
 
 def _data_mesh(config, devices, shard_params, debug_keys, coordinator, num_processes, process_id):

@@ -119,11 +119,18 @@ def export_run(
     Raises:
       ParityError: parity failed (``require_parity``); the error carries the report.
       ExportError: dequantised weights differ from the fake-quantised ones.
-      ValueError: the default data does not match the run's (pass ``splits``).
+      ValueError: the default data does not match the run's (pass ``splits``), or
+        the run was trained with integer products (``TrainConfig.product``).
     """
     from stejax.train import load_run, load_splits
 
     run = load_run(run_dir)
+    if run.config.product != "fake-quant":
+        raise ValueError(
+            f"export_run: {run_dir} was trained with {run.config.product} products, whose dynamic absmax scales "
+            "come from each input; the export takes runs with fake-quant products (stejax train --product "
+            "fake-quant), whose learned LSQ steps fix the integer grids."
+        )
     if splits is None:
         splits = load_splits(run.config)
         recorded = run.data

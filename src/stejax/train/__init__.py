@@ -27,6 +27,8 @@ from stejax.train._parallel import gather as gather
 from stejax.train._parallel import param_shardings as param_shardings
 from stejax.train._parallel import place as place
 from stejax.train._parallel import shard_batch as shard_batch
+from stejax.train._products import PRODUCTS as PRODUCTS
+from stejax.train._products import IntegerProducts as IntegerProducts
 from stejax.train._result import KeyCheck as KeyCheck
 from stejax.train._result import TrainResult as TrainResult
 from stejax.train._rundir import Run as Run

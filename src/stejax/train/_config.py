@@ -17,8 +17,9 @@ import optax
 
 from stejax.data import Dataset
 from stejax.model import PRESETS, ConvConfig, MLPConfig, ModelConfig, QATConfig, preset
+from stejax.train._products import PRODUCTS, with_product
 
-__all__ = ["MODELS", "OPTIMIZERS", "SCHEDULES", "TrainConfig", "make_optimizer"]
+__all__ = ["MODELS", "OPTIMIZERS", "PRODUCTS", "SCHEDULES", "TrainConfig", "make_optimizer"]
 
 MODELS = ("mlp", "cnn")
 OPTIMIZERS = ("adam", "adamw", "sgd", "momentum")
@@ -107,6 +108,16 @@ class TrainConfig:
         training pixels, the usual choice for images) or ``"feature"`` (one per
         feature); see :meth:`stejax.data.Normalizer.fit`. Fitted on the training
         split only either way.
+      product: how the quantised layers multiply: ``"fake-quant"`` (default:
+        float products of the fake-quantised operands), ``"int8-forward"``
+        (:func:`stejax.integer_dot_general` forward, int8 x int8 -> int32, with
+        the float straight-through gradient) or ``"int8"`` (the forward and both
+        backward products in int8: the product's declared gradient). The integer
+        products quantise with their own dynamic absmax scales (inputs per
+        example, per patch in a convolution; weights per output channel) in
+        place of the LSQ quantisers, so they take configurations whose quantised
+        layers all have 8-bit LSQ weights and inputs (``w8a8``), and those layers
+        keep no step parameters (see :class:`stejax.train.IntegerProducts`).
     """
 
     preset: str = "float"
@@ -129,6 +140,7 @@ class TrainConfig:
     test_fraction: float = 0.15
     normalize: str = "global"
     qat: QATConfig | None = None
+    product: str = "fake-quant"
 
     def __post_init__(self):
         set_ = functools.partial(object.__setattr__, self)
@@ -181,9 +193,18 @@ class TrainConfig:
                 "TrainConfig: val_fraction + test_fraction must be below 1 to leave training data; got "
                 f"{self.val_fraction} + {self.test_fraction}."
             )
+        set_("product", _choice("product", self.product, PRODUCTS))
+        with_product(self._fake_quant_config(), self.product)  # raises for a configuration it cannot run
 
     def qat_config(self) -> QATConfig:
-        """The QAT configuration: :attr:`qat` if given, else the preset's."""
+        """The QAT configuration: :attr:`qat` if given, else the preset's.
+
+        With an integer :attr:`product`, that configuration made an
+        :class:`stejax.train.IntegerProducts`.
+        """
+        return with_product(self._fake_quant_config(), self.product)
+
+    def _fake_quant_config(self) -> QATConfig:
         return self.qat if self.qat is not None else preset(self.preset)
 
     def model_config(self, data: Dataset) -> ModelConfig:

@@ -80,6 +80,7 @@ class TrainResult:
         """The run's ``report.json`` content."""
         return {
             "preset": self.config.preset,
+            "product": self.config.product,
             "seed": self.config.seed,
             "test_accuracy": self.test_accuracy,
             "test_loss": self.test_loss,

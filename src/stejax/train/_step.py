@@ -13,6 +13,7 @@ from jax.typing import ArrayLike
 
 from stejax import keys
 from stejax.model import ModelConfig, QATConfig, apply, input_contract
+from stejax.train._products import IntegerProducts, integer_logits
 
 __all__ = [
     "Batch",
@@ -95,8 +96,12 @@ def forward(
        \text{logits}_{n} = f_\theta(x_n), \qquad n = 1, \dots, N,
 
     with :math:`f_\theta` the fake-quantised model of ``model_config`` and
-    ``qat_config``. A concrete ``x`` (not a tracer) is first checked against the
-    model's :class:`stejax.model.InputContract`: dtype float32, ``in_features``
+    ``qat_config``; for an :class:`stejax.train.IntegerProducts` configuration
+    (``TrainConfig(product=...)``), the same model with integer products in its
+    quantised layers, computed on the whole batch at once (each product one
+    ``dot_general`` over the batch, inputs scaled per example). A concrete ``x``
+    (not a tracer) is first checked against the model's
+    :class:`stejax.model.InputContract`: dtype float32, ``in_features``
     features, every value finite; under ``jit`` only the shape and dtype can be
     checked (by ``apply``).
 
@@ -149,6 +154,12 @@ def forward(
         example_keys = keys.split(key, x.shape[0], where="forward: one key per example")
         # apply splits each example's key once more, into its dropout masks.
         keys.consume(example_keys, where="forward: each example's dropout")
+    if isinstance(qat_config, IntegerProducts):
+        # One product over the whole batch (per-example scales), not one per example under vmap.
+        logits, stats = integer_logits(
+            params, x, model_config=model_config, qat_config=qat_config, example_keys=example_keys
+        )
+        return (logits, stats) if return_stats else logits
     one = functools.partial(apply, model_config=model_config, qat_config=qat_config, train=train, return_stats=True)
     logits, stats = jax.vmap(one, in_axes=(None, 0))(params, x, key=example_keys)
     if not return_stats:
