@@ -66,7 +66,7 @@ def persistent_cache_off() -> Iterator[None]:
     import jax
     from jax._src import compilation_cache
 
-    before = jax.config.jax_enable_compilation_cache
+    before = jax.config.jax_enable_compilation_cache  # type: ignore[attr-defined]  # a flag with a context manager
     jax.config.update("jax_enable_compilation_cache", False)
     compilation_cache.reset_cache()
     try:
