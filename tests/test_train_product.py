@@ -99,6 +99,12 @@ def test_a_configuration_an_integer_product_cannot_run_is_refused(change, messag
         dataclasses.replace(TINY, **change)
 
 
+def test_an_integer_configuration_is_not_a_qat_field():
+    qat = dataclasses.replace(TINY, product="int8").qat_config()
+    with pytest.raises(ValueError, match=r"qat must be a fake-quant configuration; got 'mine' with int8 products"):
+        TrainConfig(qat=dataclasses.replace(qat, name="mine"), preset="mine")
+
+
 # ----------------------------------------------------------------------------- the forward pass and the step
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -318,8 +319,6 @@ def _with_product(config, product):
     """``config`` with ``--product`` applied (None: the config's own), or a BadParameter naming what clashes."""
     if product is None or product == config.product:
         return config
-    import dataclasses
-
     try:
         return dataclasses.replace(config, product=product)
     except ValueError as error:

@@ -93,9 +93,10 @@ def with_product(qat: QATConfig, product: str) -> QATConfig:
     """``qat`` with the given product kind: ``qat`` itself for ``"fake-quant"``, else :class:`IntegerProducts`.
 
     Raises:
-      ValueError: an unknown product, or a configuration an integer product cannot
-        run: one that quantises no layer, or a quantised layer whose weights and
-        inputs are not both 8-bit LSQ (the message names the layers and the fix).
+      ValueError: an unknown product, an :class:`IntegerProducts` ``qat``, or a
+        configuration an integer product cannot run: one that quantises no layer,
+        or a quantised layer whose weights and inputs are not both 8-bit LSQ (the
+        message names the layers and the fix).
 
     Example:
       >>> from stejax.model import preset
@@ -105,6 +106,11 @@ def with_product(qat: QATConfig, product: str) -> QATConfig:
     """
     if product not in PRODUCTS:
         raise ValueError(f"TrainConfig: product must be one of {list(PRODUCTS)}; got {product!r}.")
+    if isinstance(qat, IntegerProducts):
+        raise ValueError(
+            f"TrainConfig: qat must be a fake-quant configuration; got {qat.name!r} with {qat.product} products. "
+            f"Give its source configuration as qat and product={qat.product!r}."
+        )
     if product == "fake-quant":
         return qat
     what = (
