@@ -7,7 +7,8 @@ fake-quantised model on the test split (:class:`ParityReport`), and the size of
 its weight file layer by layer (:class:`SizeReport`). :func:`stejax.artifacts.save_artifact`
 writes it. :func:`encode_safetensors`, :func:`decode_safetensors` and
 :func:`safetensors_file_size` write, check and size the safetensors files for
-packages that store models of their own (``stejax.lm``). Needs the optional extra
+packages that store models of their own (``stejax.lm``); :func:`safetensors_layout` checks a header alone, for
+a reader that takes the tensors one by one. Needs the optional extra
 ``stejax[train]``.
 """
 
@@ -35,6 +36,7 @@ from stejax.export._safetensors import SafetensorsError as SafetensorsError
 from stejax.export._safetensors import decode_safetensors as decode_safetensors
 from stejax.export._safetensors import encode_safetensors as encode_safetensors
 from stejax.export._safetensors import safetensors_file_size as safetensors_file_size
+from stejax.export._safetensors import safetensors_layout as safetensors_layout
 from stejax.export._size import LayerSize as LayerSize
 from stejax.export._size import SizeReport as SizeReport
 from stejax.export._size import size_report as size_report

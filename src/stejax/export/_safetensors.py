@@ -34,6 +34,7 @@ __all__ = [
     "file_size",
     "header",
     "safetensors_file_size",
+    "safetensors_layout",
 ]
 
 # Far above any model here (a header entry is ~100 bytes), far below memory trouble.
@@ -133,20 +134,20 @@ def _reject_constant(name):
     raise SafetensorsError(f"the header holds the non-JSON constant {name}")
 
 
-def decode_safetensors(data: bytes, where: str) -> tuple[dict[str, np.ndarray], dict[str, str]]:
-    """Validate a safetensors file's bytes and return ``({name: array}, metadata)``, without the library.
+def safetensors_layout(
+    head: bytes, size: int, where: str
+) -> tuple[int, list[tuple[int, int, str, np.dtype, tuple[int, ...]]], dict[str, str]]:
+    """Check a safetensors header and return ``(data_start, spans, metadata)``, reading nothing past the header.
 
-    The header is checked here (its length, JSON without duplicates or NaN, every
-    tensor's dtype, shape and offsets, contiguous and in bounds) before any array is
-    made, so a truncated file or a pickle is refused with a message, never loaded.
-
-    Arrays come in header order sorted by offset, read-only, native byte order.
+    ``head`` holds the file's first bytes (at least its 8-byte length and the header), ``size`` the whole
+    file's length. ``spans`` are ``(begin, end, name, dtype, shape)`` sorted by offset, which tile the data
+    section ``[data_start, size)`` exactly: a reader may then take the tensors one by one
+    (:func:`decode_safetensors` checks the same before it makes any array).
 
     Raises:
-      SafetensorsError: naming ``where``, the field or tensor, what was expected
-        and what came.
+      SafetensorsError: as :func:`decode_safetensors`.
     """
-    size = len(data)
+    data = head
     # A pickle starts with PROTO (0x80) and its protocol; so may a header length
     # (1152 is 80 04 00 ...), but then the JSON's '{' follows at byte 8.
     if size >= 2 and data[0] == 0x80 and 2 <= data[1] <= 5 and data[8:9] != b"{":
@@ -233,6 +234,23 @@ def decode_safetensors(data: bytes, where: str) -> tuple[dict[str, np.ndarray], 
             f"{where}: {buffer_len - cursor} bytes after the last tensor (data section [0, {buffer_len}], "
             f"tensors end at {cursor})."
         )
+    return 8 + n, spans, metadata
+
+
+def decode_safetensors(data: bytes, where: str) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """Validate a safetensors file's bytes and return ``({name: array}, metadata)``, without the library.
+
+    The header is checked here (its length, JSON without duplicates or NaN, every
+    tensor's dtype, shape and offsets, contiguous and in bounds) before any array is
+    made, so a truncated file or a pickle is refused with a message, never loaded.
+
+    Arrays come in header order sorted by offset, read-only, native byte order.
+
+    Raises:
+      SafetensorsError: naming ``where``, the field or tensor, what was expected
+        and what came.
+    """
+    _, spans, metadata = safetensors_layout(data, len(data), where)
     from safetensors.numpy import load
 
     loaded = load(bytes(data))

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -177,27 +178,153 @@ class LMArtifact:
         self.float_model = float_model
 
 
-def read_lm_tensors(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    """The manifest and the stored tensors of :func:`export_lm`'s directory, after the manifest check.
+def read_lm_manifest(path: str | os.PathLike) -> dict[str, Any]:
+    """The manifest of :func:`export_lm`'s directory, after its integrity and format checks (no file is hashed).
 
     Raises:
-      stejax.artifacts.ArtifactError: a missing, changed or unlisted file, an
-        edited manifest, another format, or a weights file that is not safetensors.
+      stejax.artifacts.ArtifactError: an edited manifest or another format.
     """
-    from stejax.artifacts import ArtifactError, check_listed_files, check_manifest_integrity, read_json_object
-    from stejax.export import SafetensorsError, decode_safetensors
+    from stejax.artifacts import ArtifactError, check_manifest_integrity, read_json_object
 
     root = Path(path)
     manifest = read_json_object(root / "manifest.json")
     check_manifest_integrity(manifest, root / "manifest.json")
     if manifest.get("format") != LM_FORMAT:
         raise ArtifactError(f"{root / 'manifest.json'}: format {manifest.get('format')!r}; expected {LM_FORMAT!r}.")
+    return manifest
+
+
+def read_lm_tensors(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """The manifest and the stored tensors of :func:`export_lm`'s directory, after the manifest check.
+
+    Everything is read at once; :func:`iter_lm_tensors` reads one tensor at a time.
+
+    Raises:
+      stejax.artifacts.ArtifactError: a missing, changed or unlisted file, an
+        edited manifest, another format, or a weights file that is not safetensors.
+    """
+    from stejax.artifacts import ArtifactError, check_listed_files
+    from stejax.export import SafetensorsError, decode_safetensors
+
+    root = Path(path)
+    manifest = read_lm_manifest(root)
     files = check_listed_files(root, manifest.get("files"))
     try:
         tensors, _ = decode_safetensors(files[WEIGHTS], str(root / WEIGHTS))
     except SafetensorsError as e:
         raise ArtifactError(str(e)) from None
     return manifest, tensors
+
+
+_CHUNK = 1 << 22  # bytes hashed at a time where a file is only hashed
+
+
+def _changed(path: Path, digest: str, expected: str) -> Exception:
+    from stejax.artifacts import ArtifactError
+
+    return ArtifactError(f"{path}: sha256 {digest}; the manifest says {expected} (the file was changed).")
+
+
+def _check_listing(root: Path, files: Any) -> None:
+    """What :func:`stejax.artifacts.check_listed_files` checks, reading only the files other than the weights."""
+    import hashlib
+    import stat
+
+    from stejax.artifacts import ArtifactError
+
+    where = root / "manifest.json"
+    if not isinstance(files, dict) or WEIGHTS not in files:
+        raise ArtifactError(f"{where}: 'files' must map file names to {{sha256, bytes}}, {WEIGHTS!r} among them.")
+    for name, entry in files.items():
+        if not isinstance(name, str) or name in ("", ".", "..", "manifest.json") or "/" in name or "\\" in name:
+            raise ArtifactError(f"{where}: 'files' lists {name!r}; expected a plain file name inside the directory.")
+        if (
+            not isinstance(entry, dict)
+            or not isinstance(entry.get("sha256"), str)
+            or not isinstance(entry.get("bytes"), int)
+        ):
+            raise ArtifactError(f"{where}: files[{name!r}] must hold 'sha256' (str) and 'bytes' (int); got {entry!r}.")
+        path = root / name
+        try:
+            info = os.lstat(path)
+        except FileNotFoundError:
+            raise ArtifactError(f"{path}: listed in the manifest but missing.") from None
+        if not stat.S_ISREG(info.st_mode):
+            raise ArtifactError(f"{path}: expected a regular file (a link or a directory is not followed).")
+        if info.st_size != entry["bytes"]:
+            raise ArtifactError(
+                f"{path}: {info.st_size} bytes; the manifest says {entry['bytes']} (truncated or extended)."
+            )
+        if name != WEIGHTS:
+            digest = hashlib.sha256()
+            with open(path, "rb") as f:
+                while chunk := f.read(_CHUNK):
+                    digest.update(chunk)
+            if digest.hexdigest() != entry["sha256"]:
+                raise _changed(path, digest.hexdigest(), entry["sha256"])
+    allowed = {"manifest.json", *files}
+    for entry in sorted(os.listdir(root)):
+        if entry not in allowed:
+            raise ArtifactError(
+                f"{root / entry}: not listed in the manifest; an artifact holds only {sorted(allowed)}."
+            )
+
+
+def iter_lm_tensors(path: str | os.PathLike, manifest: dict[str, Any]) -> Iterator[tuple[str, np.ndarray]]:
+    """The stored tensors of :func:`export_lm`'s directory, one at a time, in the file's order.
+
+    ``manifest`` is :func:`read_lm_manifest`'s. Each tensor is read into an array of its own (native byte
+    order, writable) and nothing else of the weights file is held: a caller that moves each one elsewhere
+    (onto a device) and drops it holds about one tensor at a time. Every byte read is hashed; after the last
+    tensor, a weights file whose sha256 is not the manifest's raises, so a caller that takes the tensors to
+    the end has used only the file the manifest lists (a file changed while it was read included).
+
+    Raises:
+      stejax.artifacts.ArtifactError: a missing, changed, truncated or unlisted file (the sha256 only after the
+        last tensor), or a weights file that is not safetensors.
+    """
+    import hashlib
+    import struct
+
+    from stejax.artifacts import ArtifactError
+    from stejax.export import SafetensorsError, safetensors_layout
+    from stejax.export._safetensors import MAX_HEADER_BYTES
+
+    root = Path(path)
+    files = manifest.get("files")
+    _check_listing(root, files)
+    expected: dict[str, Any] = files[WEIGHTS]  # type: ignore[index]  # checked just above
+    where = root / WEIGHTS
+    digest = hashlib.sha256()
+    with open(where, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size != expected["bytes"]:
+            raise ArtifactError(
+                f"{where}: {size} bytes; the manifest says {expected['bytes']} (truncated or extended)."
+            )
+        head = f.read(8)
+        n = struct.unpack("<Q", head)[0] if len(head) == 8 else 0
+        head += f.read(min(n, MAX_HEADER_BYTES, max(size - 8, 0)))
+        digest.update(head)
+        try:
+            start, spans, _ = safetensors_layout(head, size, str(where))
+        except SafetensorsError as e:
+            while chunk := f.read(_CHUNK):  # a changed file is named as such, before its header's faults
+                digest.update(chunk)
+            if digest.hexdigest() != expected["sha256"]:
+                raise _changed(where, digest.hexdigest(), expected["sha256"]) from None
+            raise ArtifactError(str(e)) from None
+        f.seek(start)
+        for begin, end, name, dtype, shape in spans:
+            raw = np.empty(end - begin, np.uint8)
+            if f.readinto(raw.data) != raw.size:
+                raise ArtifactError(f"{where}: ended inside tensor {name!r} while it was read (truncated).")
+            digest.update(raw.data)
+            value = raw.view(dtype).reshape(shape)
+            yield name, value if dtype.isnative else value.astype(dtype.newbyteorder("="))
+            del raw, value
+    if digest.hexdigest() != expected["sha256"]:
+        raise _changed(where, digest.hexdigest(), expected["sha256"])
 
 
 def load_lm_artifact(path: str | os.PathLike) -> LMArtifact:

@@ -28,6 +28,7 @@ so any :class:`LMConfig` layout works.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 from pathlib import Path
@@ -69,9 +70,49 @@ def pack_groups(codes: np.ndarray, group: int, bits: int) -> np.ndarray:
     if n_in % group or group % per:
         raise ValueError(f"lowbit: {bits}-bit groups of {group} do not tile a kernel of shape {codes.shape}.")
     offset = 1 << (bits - 1)
-    blocks = (codes.astype(np.int64) + offset).reshape(n_in // group, per, group // per, n_out)
-    packed = (blocks << (bits * np.arange(per)).reshape(1, per, 1, 1)).sum(axis=1).astype(np.uint8)
+    # Byte arithmetic (no wider temporaries): each field is code + offset in [0, 2**bits).
+    blocks = (np.asarray(codes, np.int8).view(np.uint8) + np.uint8(offset)).reshape(
+        n_in // group, per, group // per, n_out
+    )
+    packed = blocks[:, 0].copy()
+    for k in range(1, per):
+        packed |= blocks[:, k] << np.uint8(bits * k)
     return packed.view(np.int8)
+
+
+def codes_from_stored(stored: np.ndarray, container: str, n: int) -> np.ndarray:
+    """The first ``n`` codes (``int8``) of ``stored``, as :func:`stejax.lm._packing.unpack` gives them.
+
+    Byte operations only: the temporaries are a few bytes a code (``unpack`` widens to int64).
+
+    Raises:
+      ValueError: an unknown container, a byte count that does not hold ``n`` codes, or (trit5) a byte above 242.
+    """
+    from stejax.lm._packing import CONTAINERS, packed_bytes
+
+    if container not in CONTAINERS:
+        raise ValueError(f"unpack: unknown container {container!r}; expected one of {sorted(CONTAINERS)}.")
+    per, low, _ = CONTAINERS[container]
+    raw = np.ascontiguousarray(stored).reshape(-1).view(np.uint8)
+    if raw.size != packed_bytes(container, n):
+        raise ValueError(f"unpack: {raw.size} bytes hold {n} {container} codes only in {packed_bytes(container, n)}.")
+    if container == "int8":
+        return raw.view(np.int8)
+    out = np.empty((raw.size, per), np.int8)
+    if container == "trit5":
+        if raw.size and int(raw.max()) > 242:
+            raise ValueError(f"unpack: byte {int(raw.max())} is not five trits (at most 3**5 - 1 = 242).")
+        rest = raw.copy()
+        for i in range(per):
+            out[:, i] = rest % np.uint8(3)
+            rest //= np.uint8(3)
+    else:
+        bits = 8 // per
+        for i in range(per):
+            out[:, i] = (raw >> np.uint8(bits * i)) & np.uint8((1 << bits) - 1)
+    codes = out.reshape(-1)[:n]
+    codes += np.int8(low)
+    return codes
 
 
 def _quantise_input(x: jax.Array, bits: int) -> tuple[jax.Array, jax.Array]:
@@ -84,6 +125,13 @@ def _quantise_input(x: jax.Array, bits: int) -> tuple[jax.Array, jax.Array]:
 def _lead(a: jax.Array, ndim: int) -> jax.Array:
     """``a`` with leading axes of size 1 up to ``ndim`` (broadcasting is explicit in this package)."""
     return a.reshape((1,) * (ndim - a.ndim) + a.shape)
+
+
+def _on_device(a: Any, dtype: Any = None) -> jax.Array:
+    """``jnp.asarray(a, dtype)``, with a host array moved by ``jax.device_put`` (no compilation per shape)."""
+    if isinstance(a, jax.Array):
+        return a if dtype is None or a.dtype == dtype else a.astype(dtype)
+    return jax.device_put(np.asarray(a, dtype))
 
 
 class LowBitLinear(nnx.Module):
@@ -127,8 +175,8 @@ class LowBitLinear(nnx.Module):
         self.input_bits = input_bits
         self.implementation = implementation
         self.interpret = interpret
-        self.codes = Resident(jnp.asarray(codes))
-        self.scale = Resident(jnp.asarray(scale, jnp.float32))
+        self.codes = Resident(_on_device(codes))
+        self.scale = Resident(_on_device(scale, jnp.float32))
 
     def _kernel(self, rows: int) -> bool:
         """Whether this call runs the Pallas kernel (chosen in Python, from static facts)."""
@@ -172,7 +220,7 @@ class LowBitLinear(nnx.Module):
 
 def lowbit_linear(
     codes: np.ndarray,
-    scale: np.ndarray,
+    scale: np.ndarray | jax.Array,
     config: LMQuant,
     *,
     ternary: str = DEFAULT_TERNARY,
@@ -203,10 +251,10 @@ def lowbit_linear(
     }
     if config.weight_bits == 1.58:
         if ternary == "int8":
-            return LowBitLinear("ternary-int8", codes.astype(np.int8), scale, **shape)
+            return LowBitLinear("ternary-int8", codes.astype(np.int8, copy=False), scale, **shape)
         return LowBitLinear("ternary-2bit", pack_groups(codes, n_in, 2), scale, **shape)
     if config.weight_bits == 8:
-        return LowBitLinear("int8", codes.astype(np.int8), np.reshape(scale, (n_out,)), **shape)
+        return LowBitLinear("int8", codes.astype(np.int8, copy=False), np.reshape(scale, (n_out,)), **shape)
     bits = int(config.weight_bits)
     if config.group is None:
         raise ValueError(f"lowbit: {bits}-bit weights need groups along the contraction axis; got group None.")
@@ -222,7 +270,8 @@ def weight_bytes(model: nnx.Module) -> dict[str, int]:
       "linear_float32": those linears' kernels in float32}`` (``linear`` is 0 for a model without
       :class:`LowBitLinear` layers).
     """
-    resident = sum(int(np.asarray(x).nbytes) for x in jax.tree.leaves(nnx.state(model, nnx.Param, Resident)))
+    # .nbytes of the arrays themselves: np.asarray would copy every device buffer to the host.
+    resident = sum(int(x.nbytes) for x in jax.tree.leaves(nnx.state(model, nnx.Param, Resident)))
     linear = linear_float32 = 0
     for _, module in nnx.iter_modules(model):
         if isinstance(module, LowBitLinear):
@@ -238,18 +287,26 @@ class LowBitLM:
     Attributes:
       model: the :class:`stejax.lm.Transformer` with :class:`LowBitLinear` layers at the quantised sites
         (for ``float``, the float model).
-      reference: the exported integer forward as :func:`stejax.lm.load_lm_artifact` rebuilds it (dequantised
-        kernels and fake-quantised inputs): the model the low-bit one is checked against.
       config: the artifact's configuration.
       ternary: the resident form of ternary codes (``"int8"`` or ``"2bit"``; None for other configurations).
       bytes: :func:`weight_bytes` of ``model``.
+      path: the artifact directory.
+      reference: the exported integer forward as :func:`stejax.lm.load_lm_artifact` rebuilds it (dequantised
+        float32 kernels and fake-quantised inputs): the model the low-bit one is checked against. Built from
+        the artifact (verified again) on first use, so that loading holds no float32 copy of the kernels.
     """
 
     model: nnx.Module
-    reference: nnx.Module
     config: LMQuant
     ternary: str | None
     bytes: dict[str, int]
+    path: Path
+
+    @functools.cached_property
+    def reference(self) -> nnx.Module:
+        from stejax.lm._export import load_lm_artifact
+
+        return load_lm_artifact(self.path).model
 
 
 def _set_module(root: nnx.Module, path: str, module: nnx.Module) -> None:
@@ -265,6 +322,10 @@ def load_lowbit(
 ) -> LowBitLM:
     """Verify an LM artifact and load it with its quantised linears resident in exported integer form.
 
+    The weights file is streamed: tensor by tensor, each put on the default device in its resident form and its
+    host copy dropped, with no float32 copy of a quantised kernel at any point. The file's sha256 is computed
+    from the bytes as they are read and checked before the model is returned.
+
     Args:
       path: an artifact directory written by ``stejax lm export``.
       ternary: ternary codes in memory as ``"int8"`` (the default, faster here) or ``"2bit"``
@@ -273,31 +334,71 @@ def load_lowbit(
         kernel on a TPU for shapes it suits, ``"xla"`` or ``"pallas"`` forces one.
 
     Raises:
-      stejax.artifacts.ArtifactError: a missing, changed or unlisted file, or an edited manifest.
-      ValueError: an unknown ``ternary`` form.
+      stejax.artifacts.ArtifactError: a missing, changed or unlisted file, an edited manifest, or a tensor that
+        does not fit the model.
+      ValueError: an unknown ``ternary`` form, or a configuration with no integer product.
     """
-    from stejax.artifacts import check_listed_files
-    from stejax.export import decode_safetensors
-    from stejax.lm._export import WEIGHTS, load_lm_artifact
-    from stejax.lm._packing import unpack
+    from stejax.artifacts import ArtifactError
+    from stejax.lm._export import WEIGHTS, iter_lm_tensors, read_lm_manifest
+    from stejax.lm._model import LMConfig, Transformer
 
     if ternary not in TERNARY_FORMS:
         raise ValueError(f"load_lowbit: ternary must be one of {TERNARY_FORMS}; got {ternary!r}.")
-    loaded = load_lm_artifact(path)
-    manifest, config = loaded.manifest, loaded.config
-    if config.weight_bits is None:
-        model = loaded.float_model
-        return LowBitLM(model, loaded.model, config, None, weight_bytes(model))
-    # The codes, from bytes hashed again as they are read (the checked file is the one used).
-    tensors, _ = decode_safetensors(check_listed_files(Path(path), manifest["files"])[WEIGHTS], str(path))
-    model = nnx.clone(loaded.float_model)
-    for site, entry in sorted(manifest["quantised"].items()):
-        shape = tuple(entry["shape"])
-        codes = unpack(tensors[f"{site}/codes"], entry["container"], int(np.prod(shape))).reshape(shape)
-        _set_module(
-            model,
-            site,
-            lowbit_linear(codes, tensors[f"{site}/scale"], config, ternary=ternary, implementation=implementation),
+    root = Path(path)
+    manifest = read_lm_manifest(root)
+    config = LMQuant(**manifest["config"])
+    if config.weight_bits is not None and config.input_bits is None:
+        raise ValueError(
+            f"lowbit: configuration {config.name!r} has no integer product; expected weight and input bits."
         )
+    quantised = manifest["quantised"] if config.weight_bits is not None else {}
+    graphdef, state = nnx.split(nnx.eval_shape(lambda: Transformer(LMConfig(**manifest["model"]), rngs=nnx.Rngs(0))))
+    flat = nnx.to_flat_state(state)
+    wanted = {"/".join(str(p) for p in key): leaf.get_value() for key, leaf in flat}
+    where = root / WEIGHTS
+    values: dict[str, jax.Array] = {}
+    scales: dict[str, jax.Array] = {}
+    stored: dict[str, np.ndarray] = {}
+    layers: dict[str, LowBitLinear] = {}
+
+    def make_layer(site: str) -> None:
+        entry = quantised[site]
+        shape = tuple(entry["shape"])
+        try:
+            codes = codes_from_stored(stored.pop(site), entry["container"], math.prod(shape)).reshape(shape)
+        except ValueError as e:
+            raise ArtifactError(f"{where}: tensor {site + '/codes'!r}: {e}") from None
+        layers[site] = lowbit_linear(codes, scales.pop(site), config, ternary=ternary, implementation=implementation)
+
+    for name, value in iter_lm_tensors(root, manifest):
+        site, _, leaf = name.rpartition("/")
+        if site in quantised and leaf in ("codes", "scale"):
+            if leaf == "codes":
+                stored[site] = value
+            else:  # on the device at once: the file holds every scale before the first codes
+                scales[site] = _on_device(value)
+            if site in stored and site in scales:
+                make_layer(site)
+        elif name in wanted:
+            if value.shape != wanted[name].shape:
+                raise ArtifactError(f"{where}: {name!r} has shape {value.shape}; expected {wanted[name].shape}.")
+            values[name] = _on_device(value)
+        del value
+    leaves = []
+    for key, leaf in flat:
+        name = "/".join(str(p) for p in key)
+        site = name.rsplit("/", 1)[0]
+        if site in quantised and name.endswith("/kernel"):
+            if site not in layers:
+                part = "codes" if site not in stored else "scale"
+                raise ArtifactError(f"{where}: lacks {site + '/' + part!r}, a quantised linear of the model.")
+            leaves.append((key, leaf.replace(jnp.zeros((), jnp.float32))))  # replaced by its LowBitLinear below
+        elif name in values:
+            leaves.append((key, leaf.replace(values.pop(name))))
+        else:
+            raise ArtifactError(f"{where}: lacks {name!r}, a parameter of the model.")
+    model = nnx.merge(graphdef, nnx.from_flat_state(leaves))
+    for site, layer in sorted(layers.items()):
+        _set_module(model, site, layer)
     form = ternary if config.weight_bits == 1.58 else None
-    return LowBitLM(model, loaded.model, config, form, weight_bytes(model))
+    return LowBitLM(model, config, form, weight_bytes(model), root)
