@@ -128,10 +128,15 @@ def _lead(a: jax.Array, ndim: int) -> jax.Array:
 
 
 def _on_device(a: Any, dtype: Any = None) -> jax.Array:
-    """``jnp.asarray(a, dtype)``, with a host array moved by ``jax.device_put`` (no compilation per shape)."""
+    """``jnp.asarray(a, dtype)``, with a host array moved by ``jax.device_put`` (no compilation per shape).
+
+    The device gets a copy of its own (never an alias of the host array, as a CPU device may otherwise keep),
+    and the copy is waited for: a caller that drops its host array frees it at once, so a load holds one
+    tensor on the host at a time, not every one still in flight.
+    """
     if isinstance(a, jax.Array):
         return a if dtype is None or a.dtype == dtype else a.astype(dtype)
-    return jax.device_put(np.asarray(a, dtype))
+    return jax.device_put(np.asarray(a, dtype), may_alias=False).block_until_ready()
 
 
 class LowBitLinear(nnx.Module):
