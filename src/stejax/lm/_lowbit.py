@@ -1,9 +1,10 @@
 r"""Low-bit weights that stay low-bit: an artifact's linear layers as integer codes inside the compiled step.
 
-:func:`load_lowbit` verifies an LM artifact (:func:`stejax.lm.load_lm_artifact`,
-which refuses a changed file) and rebuilds the model with every quantised
-linear replaced by a :class:`LowBitLinear` that keeps its weights in their
-exported integer form. The product of a layer, for per-token int8 inputs
+:func:`load_lowbit` streams an LM artifact (refusing a changed file, as
+``stejax.lm._export.load_lm_artifact`` does) into the model with every quantised
+linear a :class:`LowBitLinear` that keeps its weights in their exported integer
+form: tensor by tensor onto the device, with no float32 copy of a quantised kernel.
+The product of a layer, for per-token int8 inputs
 :math:`q = \operatorname{clip}(\operatorname{round}(x s_x), -128, 127)`,
 :math:`s_x = 127 / \max(\max|x|, 10^{-5})` (int4 inputs alike with 7), is an
 integer dot with int32 accumulation, rescaled once:
