@@ -14,7 +14,8 @@ fresh Python process that has imported everything first, so its memory is the lo
   CPU backend the device is the host, so this includes the loaded model itself.
 * ``host_staging_bytes``: the peak of ``tracemalloc`` in a second fresh process: Python and
   numpy allocations only, i.e. the host copies the load makes on the way to the device
-  (XLA's own buffers are not traced).
+  (XLA's own buffers are not traced). On a CPU backend XLA may keep an aligned host array as
+  the device buffer itself, which is then traced too: an upper bound of the copies.
 
 ``stejax.lm.load_lowbit`` streams the weights file tensor by tensor; ``stejax.lm._export.load_lm_artifact``
 (the float32 model and its integer forward, both dequantised) is measured beside it on the 25M model
@@ -165,7 +166,8 @@ def figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
             note=(
                 f"{judged} model, the largest over the resident forms ({worst['weights']}): tracemalloc's peak of "
                 "the host copies made on the way to the device, over the weights file's bytes; an estimate of "
-                "the host memory a load needs beside an accelerator's own, measured on a CPU backend"
+                "the host memory a load needs beside an accelerator's own, measured on a CPU backend (where it "
+                "also counts host arrays kept as device buffers: an upper bound)"
             ),
         )
     return out
@@ -208,7 +210,8 @@ def main(argv: list[str] | None = None) -> None:
             "is the process's peak resident set during the load minus its resident set before (VmHWM, reset just "
             "before the load); on a CPU backend, the device being the host, it includes the loaded model. 'traced host "
             "allocations' is tracemalloc's peak in a second fresh process: the Python and numpy copies made on the "
-            "way to the device, without XLA's own buffers."
+            "way to the device, without XLA's own buffers; on a CPU backend XLA may keep an aligned host array as "
+            "the device buffer itself, which is then traced too, so this bounds the copies from above."
         ),
     )
 

@@ -131,9 +131,9 @@ def _lead(a: jax.Array, ndim: int) -> jax.Array:
 def _on_device(a: Any, dtype: Any = None) -> jax.Array:
     """``jnp.asarray(a, dtype)``, with a host array moved by ``jax.device_put`` (no compilation per shape).
 
-    The device gets a copy of its own (never an alias of the host array, as a CPU device may otherwise keep),
-    and the copy is waited for: a caller that drops its host array frees it at once, so a load holds one
-    tensor on the host at a time, not every one still in flight.
+    A copy is asked for (``may_alias=False``) and waited for: a caller that drops its host array frees it at
+    once, so a load holds one tensor on the host at a time, not every one still in flight. (A CPU device may
+    still keep a suitably aligned host array as its buffer; it is then the device's copy, not a second one.)
     """
     if isinstance(a, jax.Array):
         return a if dtype is None or a.dtype == dtype else a.astype(dtype)
