@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import functools
+from typing import Any
 
 import numpy as np
 
@@ -148,3 +151,14 @@ def selected_out_reason(module: str, markers: dict, contract) -> str | None:
     if needs is not None:
         return f"needs {needs}, which the {contract.platform} suite does not run"
     return None
+
+
+@functools.cache
+def digits_400() -> Any:
+    """400 digits (a seeded choice), split 280 / 60 / 60: the tiny data of the training pipeline's tests."""
+    from stejax.data import load_digits, split
+
+    digits = load_digits()
+    rows = np.sort(np.random.default_rng(0).choice(len(digits), 400, replace=False))
+    small = dataclasses.replace(digits, x=digits.x[rows], y=digits.y[rows], name="digits-400")
+    return split(small, seed=0)

@@ -29,7 +29,7 @@ import stejax.train._compare as compare_module
 import stejax.train._loop as loop_module
 from stejax.bench import CompileCounter
 from stejax.cli import main
-from stejax.data import Normalizer, Splits, load_digits, split
+from stejax.data import Normalizer, Splits, load_digits
 from stejax.model import PRESETS, apply, check_params, init_params, param_spec, preset
 from stejax.train import (
     Batch,
@@ -56,6 +56,8 @@ from stejax.train import (
 from stejax.train._compare import NUMERICAL_TOLERANCES
 from stejax.train._targets import TARGETS, TARGETS_SET_FOR
 
+from helpers import digits_400
+
 LOGIT_TOL = NUMERICAL_TOLERANCES["jit_vs_eager_logits"]
 LOSS_TOL = NUMERICAL_TOLERANCES["jit_vs_eager_loss"]
 
@@ -64,13 +66,8 @@ TINY = TrainConfig(model="mlp", hidden=(16,), dropout=0.1, batch_size=32, epochs
 TINY_CNN = dataclasses.replace(TINY, model="cnn", channels=(4, 6))
 
 
-@functools.cache
 def _splits() -> Splits:
-    """400 digits (seeded choice), split 280 / 60 / 60."""
-    digits = load_digits()
-    rows = np.sort(np.random.default_rng(0).choice(len(digits), 400, replace=False))
-    small = dataclasses.replace(digits, x=digits.x[rows], y=digits.y[rows], name="digits-400")
-    return split(small, seed=0)
+    return digits_400()
 
 
 def _batch(n: int = 8) -> Batch:

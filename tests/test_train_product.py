@@ -22,10 +22,12 @@ from click.testing import CliRunner
 
 from stejax.cli import main
 from stejax.cli.training import _PRODUCTS
-from stejax.data import Normalizer, Splits, load_digits, split
+from stejax.data import Normalizer, Splits
 from stejax.export import export_run
 from stejax.model import init_params, param_spec, preset
 from stejax.train import PRODUCTS, IntegerProducts, TrainConfig, forward, load_run, make_optimizer, train, update
+
+from helpers import digits_400
 
 TINY = TrainConfig(
     preset="w8a8",
@@ -40,13 +42,8 @@ TINY = TrainConfig(
 )
 
 
-@functools.cache
 def _splits() -> Splits:
-    """400 digits (seeded choice), split 280 / 60 / 60."""
-    digits = load_digits()
-    rows = np.sort(np.random.default_rng(0).choice(len(digits), 400, replace=False))
-    small = dataclasses.replace(digits, x=digits.x[rows], y=digits.y[rows], name="digits-400")
-    return split(small, seed=0)
+    return digits_400()
 
 
 @functools.cache
