@@ -95,3 +95,42 @@ def test_what_an_accelerator_selects_out_names_what_it_needs():
     # The GPU contract has float64; on the CPU nothing is selected out.
     assert selected_out_reason("test_binary.py", {"needs_float64": ()}, platform_contract("gpu")) is None
     assert selected_out_reason("test_serve.py", {"needs_float64": ()}, cpu) is None
+
+
+def test_the_device_suite_counts_each_test_once_and_names_its_failures():
+    import importlib.util
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "device_suite.py"
+    spec = importlib.util.spec_from_file_location("device_suite", path)
+    assert spec is not None and spec.loader is not None
+    suite = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(suite)
+
+    def report(nodeid, when, outcome, longrepr=None):
+        return pytest.TestReport(nodeid, (nodeid, 0, nodeid), {}, outcome, longrepr, when, duration=0.5)
+
+    crash = SimpleNamespace(reprcrash=SimpleNamespace(message="assert 4.3646 ==\n 4.3645 ± 4e-06"))
+    counter = suite.Counter()
+    for r in (
+        report("tests/test_a.py::ok", "setup", "passed"),
+        report("tests/test_a.py::ok", "call", "passed"),
+        report("tests/test_a.py::ok", "teardown", "passed"),
+        report("tests/test_a.py::bad", "setup", "passed"),
+        report("tests/test_a.py::bad", "call", "failed", crash),
+        report("tests/test_a.py::bad", "teardown", "passed"),
+        report("tests/test_b.py::f64", "setup", "skipped", ("x.py", 1, "Skipped: needs float64")),
+        report("tests/test_b.py::f64", "teardown", "passed"),
+    ):
+        counter.pytest_runtest_logreport(r)
+    rows = {r["module"]: r for r in counter.rows()}
+    assert {k: rows["tests/test_a.py"][k] for k in ("tests", "passed", "failed", "selected_out")} == {
+        "tests": 2,
+        "passed": 1,
+        "failed": 1,
+        "selected_out": 0,
+    }
+    assert rows["tests/test_a.py"]["failures"] == {"tests/test_a.py::bad": "call: assert 4.3646 == 4.3645 ± 4e-06"}
+    assert rows["tests/test_b.py"]["selected_out"] == 1 and rows["tests/test_b.py"]["run_share"] == 0.0
+    assert counter.reason == {"tests/test_b.py::f64": "Skipped: needs float64"}
