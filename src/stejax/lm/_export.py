@@ -350,7 +350,12 @@ def load_lm_artifact(path: str | os.PathLike) -> LMArtifact:
         site = name.rsplit("/", 1)[0]
         if site in manifest["quantised"] and name.endswith("/kernel"):
             entry = manifest["quantised"][site]
-            codes = unpack(tensors[f"{site}/codes"], entry["container"], int(np.prod(entry["shape"])))
+            context = f"load_lm_artifact: {root / WEIGHTS}: tensor {site + '/codes'!r}"
+            try:
+                n = int(np.prod(entry["shape"]))
+                codes = unpack(tensors[f"{site}/codes"], entry["container"], n, context=context)
+            except ValueError as e:
+                raise ArtifactError(str(e)) from None
             value = _dequantise(codes.reshape(entry["shape"]), tensors[f"{site}/scale"], config)
         elif name in tensors:
             value = jnp.asarray(tensors[name])

@@ -515,8 +515,9 @@ def _from_model(model: Any, config: Any, source: str) -> _Weights:
 
 def _from_artifact(root: Path) -> _Weights:
     """An LM artifact's tensors, after the manifest check (integrity, every file's size and sha256)."""
+    from stejax.artifacts import ArtifactError
     from stejax.lm._configs import LMQuant
-    from stejax.lm._export import read_lm_tensors
+    from stejax.lm._export import WEIGHTS, read_lm_tensors
     from stejax.lm._model import LMConfig
     from stejax.lm._packing import unpack
 
@@ -525,7 +526,11 @@ def _from_artifact(root: Path) -> _Weights:
     model = LMConfig(**manifest["model"])
     floats, codes = {}, {}
     for site, entry in manifest["quantised"].items():
-        flat = unpack(tensors[f"{site}/codes"], entry["container"], int(np.prod(entry["shape"])))
+        context = f"export_gguf: {root / WEIGHTS}: tensor {site + '/codes'!r}"
+        try:
+            flat = unpack(tensors[f"{site}/codes"], entry["container"], math.prod(entry["shape"]), context=context)
+        except ValueError as e:
+            raise ArtifactError(str(e)) from None
         codes[site] = (flat.reshape(entry["shape"]), np.asarray(tensors[f"{site}/scale"], np.float32))
     for name, value in tensors.items():
         if name.rsplit("/", 1)[0] not in manifest["quantised"]:

@@ -45,6 +45,7 @@ from stejax.lm._kernel_blocks import IMPLEMENTATIONS, kernel_backend
 from stejax.lm._kernel_int4 import grouped_kernel_fits, grouped_sum, grouped_sum_reference
 from stejax.lm._kernel_int8 import int8_accumulate, int8_accumulate_reference, int8_kernel_fits
 from stejax.lm._kernel_ternary import ternary_accumulate, ternary_accumulate_reference, ternary_kernel_fits
+from stejax.lm._packing import unpack
 
 __all__ = ["TERNARY_FORMS", "LowBitLM", "LowBitLinear", "Resident", "load_lowbit", "lowbit_linear", "weight_bytes"]
 
@@ -79,41 +80,6 @@ def pack_groups(codes: np.ndarray, group: int, bits: int) -> np.ndarray:
     for k in range(1, per):
         packed |= blocks[:, k] << np.uint8(bits * k)
     return packed.view(np.int8)
-
-
-def codes_from_stored(stored: np.ndarray, container: str, n: int) -> np.ndarray:
-    """The first ``n`` codes (``int8``) of ``stored``, as :func:`stejax.lm._packing.unpack` gives them.
-
-    Byte operations only: the temporaries are a few bytes a code (``unpack`` widens to int64).
-
-    Raises:
-      ValueError: an unknown container, a byte count that does not hold ``n`` codes, or (trit5) a byte above 242.
-    """
-    from stejax.lm._packing import CONTAINERS, packed_bytes
-
-    if container not in CONTAINERS:
-        raise ValueError(f"unpack: unknown container {container!r}; expected one of {sorted(CONTAINERS)}.")
-    per, low, _ = CONTAINERS[container]
-    raw = np.ascontiguousarray(stored).reshape(-1).view(np.uint8)
-    if raw.size != packed_bytes(container, n):
-        raise ValueError(f"unpack: {raw.size} bytes hold {n} {container} codes only in {packed_bytes(container, n)}.")
-    if container == "int8":
-        return raw.view(np.int8)
-    out = np.empty((raw.size, per), np.int8)
-    if container == "trit5":
-        if raw.size and int(raw.max()) > 242:
-            raise ValueError(f"unpack: byte {int(raw.max())} is not five trits (at most 3**5 - 1 = 242).")
-        rest = raw.copy()
-        for i in range(per):
-            out[:, i] = rest % np.uint8(3)
-            rest //= np.uint8(3)
-    else:
-        bits = 8 // per
-        for i in range(per):
-            out[:, i] = (raw >> np.uint8(bits * i)) & np.uint8((1 << bits) - 1)
-    codes = out.reshape(-1)[:n]
-    codes += np.int8(low)
-    return codes
 
 
 def _quantise_input(x: jax.Array, bits: int) -> tuple[jax.Array, jax.Array]:
@@ -370,10 +336,11 @@ def load_lowbit(
     def make_layer(site: str) -> None:
         entry = quantised[site]
         shape = tuple(entry["shape"])
-        try:
-            codes = codes_from_stored(stored.pop(site), entry["container"], math.prod(shape)).reshape(shape)
+        context = f"load_lowbit: {where}: tensor {site + '/codes'!r}"
+        try:  # byte arithmetic, no wider temporaries: a few bytes a code
+            codes = unpack(stored.pop(site), entry["container"], math.prod(shape), context=context).reshape(shape)
         except ValueError as e:
-            raise ArtifactError(f"{where}: tensor {site + '/codes'!r}: {e}") from None
+            raise ArtifactError(str(e)) from None
         layers[site] = lowbit_linear(codes, scales.pop(site), config, ternary=ternary, implementation=implementation)
 
     for name, value in iter_lm_tensors(root, manifest):

@@ -67,25 +67,67 @@ def pack(codes: np.ndarray, container: str) -> np.ndarray:
     return (groups * weights).sum(axis=1).astype(np.uint8)
 
 
-def unpack(stored: np.ndarray, container: str, n: int) -> np.ndarray:
+def unpack(stored: np.ndarray, container: str, n: int, *, context: str = "unpack") -> np.ndarray:
     """The first ``n`` codes (``int8``) of ``stored``, the inverse of :func:`pack`.
 
+    ``stored`` holds bytes (``uint8`` or ``int8``; a wider integer array of byte values is read as bytes).
+    Byte arithmetic only, so the temporaries are a few bytes a code: this is the one reading of the stored
+    forms, used by every loader, including the one that streams an artifact tensor by tensor. For the ``int8``
+    container the codes are a view of ``stored``'s bytes, not a copy.
+
+    Args:
+      stored: the packed bytes, any shape (read flattened in C order).
+      container: one of :data:`CONTAINERS`.
+      n: how many codes ``stored`` holds; the padding after them is dropped.
+      context: the start of an error message, naming who reads the bytes and where (a loader passes its own
+        name, the file and the tensor).
+
     Raises:
-      ValueError: an unknown container, too few bytes, or (trit5) a byte above 242.
+      ValueError: an unknown container, stored values that are not bytes, a byte count that does not hold
+        ``n`` codes, or (trit5) a byte above 242; the message starts with ``context``.
+
+    Example:
+      >>> unpack(np.array([75], np.uint8), "trit5", 5)
+      array([-1,  0,  1,  1, -1], dtype=int8)
     """
     if container not in CONTAINERS:
-        raise ValueError(f"unpack: unknown container {container!r}; expected one of {sorted(CONTAINERS)}.")
+        raise ValueError(f"{context}: unknown container {container!r}; expected one of {sorted(CONTAINERS)}.")
     per, low, _ = CONTAINERS[container]
-    stored = np.asarray(stored).reshape(-1)
-    if stored.size != packed_bytes(container, n):
-        raise ValueError(
-            f"unpack: {stored.size} bytes hold {n} {container} codes only in {packed_bytes(container, n)}."
-        )
+    raw = _bytes(np.asarray(stored), context)
+    need = packed_bytes(container, n)
+    if raw.size != need:
+        raise ValueError(f"{context}: {raw.size} bytes; expected {need} for {n} {container} codes ({per} a byte).")
     if container == "int8":
-        return stored.astype(np.int8)
-    values = stored.astype(np.int64)
-    if container == "trit5" and values.size and values.max() > 242:
-        raise ValueError(f"unpack: byte {values.max()} is not five trits (at most 3**5 - 1 = 242).")
-    base = 3 if container == "trit5" else 1 << (8 // per)
-    digits = (values[:, None] // base ** np.arange(per, dtype=np.int64)) % base
-    return (digits.reshape(-1)[:n] + low).astype(np.int8)
+        return raw.view(np.int8)
+    out = np.empty((raw.size, per), np.int8)
+    if container == "trit5":
+        if raw.size and int(raw.max()) > 242:
+            at = int(np.argmax(raw > 242))
+            raise ValueError(
+                f"{context}: byte {int(raw[at])} is not five trits (at offset {at} of {raw.size}); "
+                "expected at most 3**5 - 1 = 242."
+            )
+        rest = raw.copy()
+        for i in range(per):
+            out[:, i] = rest % np.uint8(3)
+            rest //= np.uint8(3)
+    else:
+        bits = 8 // per
+        for i in range(per):
+            out[:, i] = (raw >> np.uint8(bits * i)) & np.uint8((1 << bits) - 1)
+    codes = out.reshape(-1)[:n]
+    codes += np.int8(low)
+    return codes
+
+
+def _bytes(stored: np.ndarray, context: str) -> np.ndarray:
+    """``stored`` flattened as ``uint8``: a view of a byte array, a checked cast of a wider integer one."""
+    if stored.dtype.kind not in "iu":
+        raise ValueError(f"{context}: stored codes of dtype {stored.dtype}; expected bytes (uint8 or int8).")
+    flat = np.ascontiguousarray(stored).reshape(-1)
+    if flat.dtype.itemsize == 1:
+        return flat.view(np.uint8)
+    if flat.size and (int(flat.min()) < -128 or int(flat.max()) > 255):
+        bad = flat[(flat < -128) | (flat > 255)][0]
+        raise ValueError(f"{context}: stored value {bad} is not a byte; expected values in [-128, 255].")
+    return flat.astype(np.uint8)
