@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import jax
@@ -270,7 +271,7 @@ def test_the_decode_loop_writes_every_row_at_once():
 
 def test_random_large_model_forms_and_accelerator_rows(tmp_path):
     from stejax.bench._lm_decode import device_figures, device_plot, device_rows, merge_device_results, random_model
-    from stejax.bench.results import Recorder
+    from stejax.bench.results import Recorder, load_results
     from stejax.lm._kernel_blocks import unpack_slices
 
     small = LMConfig(context=32, width=64, depth=1, heads=2, hidden=128)
@@ -305,5 +306,20 @@ def test_random_large_model_forms_and_accelerator_rows(tmp_path):
             parts[-1], rows=rows[2 * i : 2 * i + 2], columns=DEVICE_COLUMNS
         )
     doc = merge_device_results(parts, tmp_path / "merged.json", command="bash benchmarks/lm_decode_device.sh")
-    assert doc["rows"] == rows and "compiles_after_warmup" in doc["figures"]
+    assert [{k: v for k, v in r.items() if k not in ("commit", "date")} for r in doc["rows"]] == rows
+    assert "compiles_after_warmup" in doc["figures"]
+    # A later run's row replaces the same row of an earlier one and keeps its own run's commit.
+    later = {**rows[0], "step_us": rows[0]["step_us"] / 2}
+    Recorder("lm_decode_device", command="test").write(
+        tmp_path / "later.json", rows=[later], columns=DEVICE_COLUMNS, commit={"id": "later"}, date="2999-01-01"
+    )
+    again = merge_device_results([*parts, tmp_path / "later.json"], tmp_path / "again.json", command="test")
+    assert len(again["rows"]) == len(rows) and again["rows"][-1]["step_us"] == later["step_us"]
+    assert again["rows"][-1]["commit"] == "later" and again["commit"]["id"] == "later"
+    assert {r["commit"] for r in again["rows"][:-1]} == {doc["rows"][0]["commit"]}
+    other = load_results(parts[0])
+    other["machine"]["device"] = "some other device"
+    (tmp_path / "other.json").write_text(json.dumps(other))
+    with pytest.raises(ValueError, match="different devices"):
+        merge_device_results([parts[0], tmp_path / "other.json"], tmp_path / "no.json", command="test")
     assert device_plot(doc["rows"], tmp_path / "plot.png").stat().st_size > 0

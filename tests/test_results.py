@@ -40,6 +40,25 @@ def folder(tmp_path):
     return tmp_path
 
 
+def test_a_repository_that_does_not_track_the_measured_code_is_not_its_commit(tmp_path, monkeypatch):
+    # A tree exported with `git archive` into an ignored folder of a checkout (as a device run gets it): the
+    # checkout's HEAD and its changes say nothing about the code that ran; STEJAX_COMMIT does.
+    def git(*args):
+        subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)
+
+    git("init", "-q")
+    (tmp_path / "a.txt").write_text("a")
+    git("add", "a.txt")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "a")
+    (tmp_path / "a.txt").write_text("changed")
+    monkeypatch.setenv("STEJAX_COMMIT", "0123456789abcdef")
+    doc = Recorder("speed", command="c").write(tmp_path / "speed.json", rows=[{"a": 1}], columns=[("a", "a")])
+    assert doc["commit"] == {"id": "0123456789ab", "uncommitted_changes": False, "exported": True}
+    monkeypatch.delenv("STEJAX_COMMIT")
+    doc = Recorder("speed", command="c").write(tmp_path / "speed.json", rows=[{"a": 1}], columns=[("a", "a")])
+    assert doc["commit"] == {"id": None, "uncommitted_changes": None}
+
+
 def test_a_written_file_records_its_command_commit_date_machine_and_load(folder):
     doc = load_results(folder / "speed.json")
     assert doc["command"] == "python bench.py --repeats 5"
@@ -198,8 +217,10 @@ def test_the_glance_table_shows_each_figure_beside_its_target_met_or_missed():
             assert verdicts[i].strip("*") == ("met" if figure["met"] else "missed"), (name, key, verdicts[i])
 
 
-def test_a_results_file_written_beside_another_still_records_a_committed_tree(tmp_path):
+def test_a_results_file_written_beside_another_still_records_a_committed_tree(tmp_path, monkeypatch):
     # A script that writes two files measured one tree: the first file is not a change to the code.
+    monkeypatch.setattr("stejax.bench.results._measured_code", lambda: tmp_path / "code.py")
+
     def git(*args):
         subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)
 

@@ -107,11 +107,21 @@ def _git(*args: str, cwd: Path) -> str | None:
     return done.stdout.strip() if done.returncode == 0 else None
 
 
+def _measured_code() -> Path:
+    """A file of the stejax that is running: the code a results file measures."""
+    return Path(__file__).resolve().parents[1] / "__init__.py"
+
+
 def _commit(cwd: Path) -> dict[str, Any]:
     head = _git("rev-parse", "--short=12", "HEAD", cwd=cwd)
+    # The repository around the results file describes the measured code only if it tracks that code: a tree
+    # exported with `git archive` (run on a machine without the repository, or in an ignored folder of one) and
+    # an installed package are not its files.
+    code = _measured_code()
+    if head is not None and _git("ls-files", "--error-unmatch", str(code), cwd=cwd) is None:
+        head = None
     if head is None:
-        # A tree exported with `git archive` (to run on a machine without the repository) has no .git:
-        # STEJAX_COMMIT names the commit it was exported from, unchanged.
+        # STEJAX_COMMIT names the commit an exported tree was exported from, unchanged.
         exported = os.environ.get("STEJAX_COMMIT")
         if exported:
             return {"id": exported[:12], "uncommitted_changes": False, "exported": True}
