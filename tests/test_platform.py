@@ -113,6 +113,8 @@ def test_the_device_suite_counts_each_test_once_and_names_its_failures():
 
     crash = SimpleNamespace(reprcrash=SimpleNamespace(message="assert 4.3646 ==\n 4.3645 ± 4e-06"))
     counter = suite.Counter()
+    collected = ["tests/test_a.py::ok", "tests/test_a.py::bad", "tests/test_b.py::f64", "tests/test_c.py::late"]
+    counter.pytest_collection_finish(SimpleNamespace(items=[SimpleNamespace(nodeid=n) for n in collected]))
     for r in (
         report("tests/test_a.py::ok", "setup", "passed"),
         report("tests/test_a.py::ok", "call", "passed"),
@@ -125,11 +127,18 @@ def test_the_device_suite_counts_each_test_once_and_names_its_failures():
     ):
         counter.pytest_runtest_logreport(r)
     rows = {r["module"]: r for r in counter.rows()}
-    assert {k: rows["tests/test_a.py"][k] for k in ("tests", "passed", "failed", "selected_out")} == {
+    assert {k: rows["tests/test_a.py"][k] for k in ("tests", "passed", "failed", "selected_out", "not_run")} == {
         "tests": 2,
         "passed": 1,
         "failed": 1,
         "selected_out": 0,
+        "not_run": 0,
+    }
+    # A module the run never reached (stopped at its time limit) is a row of tests not run.
+    assert {k: rows["tests/test_c.py"][k] for k in ("tests", "not_run", "run_share")} == {
+        "tests": 1,
+        "not_run": 1,
+        "run_share": 0.0,
     }
     assert rows["tests/test_a.py"]["failures"] == {"tests/test_a.py::bad": "call: assert 4.3646 == 4.3645 ± 4e-06"}
     assert rows["tests/test_b.py"]["selected_out"] == 1 and rows["tests/test_b.py"]["run_share"] == 0.0
