@@ -906,7 +906,6 @@ DEVICE_COLUMNS: list[tuple[str, str] | tuple[str, str, str]] = [
     ("resident_weight_bytes", "resident bytes", "{:,}"),
     ("roofline", "HBM roofline", "{:.0%}"),
     ("compiles", "compiles"),
-    ("commit", "commit"),
 ]
 
 
@@ -997,7 +996,7 @@ def merge_device_results(paths: Sequence[str | Path], out: str | Path, *, comman
             "Random weights; 64-byte prompts, greedy; new_bytes per row per call. bytes/s: all rows' bytes per "
             "second of decoding steps (batch / step time), the prefill timed apart as first byte ms. Roofline: the "
             "resident weight bytes read per step times steps per second over the HBM bandwidth (819 GB/s). "
-            "Each row names the commit and date of its run."
+            "Each row names the commit and date of its run (its commit and date fields)."
         ),
         commit=latest["commit"],
         date=latest["date"],
