@@ -7,12 +7,13 @@
 #     OUT=tpu-out bash benchmarks/train_step_tpu.sh
 #
 # The results file merges the widths measured on the same device; a width cut short by its timeout leaves the
-# others' rows. Budget: up to 7 minutes on a TPU v5e, mostly compilation.
+# others' rows. Budget: up to 9 minutes on a TPU v5e, mostly compilation (a width took about 160 s there, seven
+# variants compiled and timed).
 set -u
 OUT=${OUT:-tpu-out}
 mkdir -p "$OUT"
 rm -f docs/results/train_step.json
-for spec in 512:100 1024:130 2048:170; do
+for spec in 512:150 1024:180 2048:200; do
   w=${spec%%:*}; t=${spec##*:}
   echo "=== width $w (timeout ${t}s) $(date -u +%T)"
   timeout "$t" python3 -m stejax bench --suite train-step --width "$w" --repeats 8 --warmup 1 --out "/tmp/bench-$w" 2>&1 | tail -22
