@@ -4,7 +4,12 @@
     python benchmarks/lm_decode_device.py --model 1B --forms bfloat16,int8@pallas --batches 1,16 --out part.json
     python benchmarks/lm_decode_device.py --plot-from docs/results/lm_decode.json --out docs/img/lm_decode_resident.png
 
-A form written ``FORM@pallas`` or ``FORM@xla`` runs its low-bit products with that implementation.
+A form written ``FORM@pallas`` or ``FORM@xla`` runs its low-bit products with that implementation;
+``FORM@pallas-vpu`` runs the Pallas kernels that multiply a few rows on the TPU's vector unit instead of
+its MXU (rows with ``"product": "pallas-vpu"``), e.g.::
+
+    python benchmarks/lm_decode_device.py --model 1B --forms ternary-2bit@pallas,ternary-2bit@pallas-vpu --out p.json
+
 ``benchmarks/lm_decode_device.sh`` runs the accelerator parts and merges them into
 ``docs/results/lm_decode_device.json``.
 """

@@ -1,42 +1,66 @@
 #!/usr/bin/env bash
 # Decoding on an accelerator (a TPU v5e): the Pallas low-bit kernels compiled and checked against their references,
-# then the lm-decode accelerator rows of the 25M, 350M and 1B models with random weights (bfloat16 and float32,
-# int8, int4 and 2-bit ternary resident weights; batches 1 to 256), one process per part. Run from the repository
+# then the lm-decode accelerator rows of models with random weights, one process per part. Run from the repository
 # root with stejax importable (PYTHONPATH=$PWD/src or an install) and flax installed; OUT collects the files.
 #
-#     OUT=tpu-out bash benchmarks/lm_decode_device.sh
+#     OUT=tpu-out bash benchmarks/lm_decode_device.sh             # SET=kernels
+#     OUT=tpu-out SET=rest bash benchmarks/lm_decode_device.sh
 #
-# Writes docs/results/lm_decode_device.json (every part measured, figures judged over all) and
-# docs/img/lm_decode_device.png. A part cut short by its timeout leaves the others' rows. Budget: about 8 minutes on
-# a TPU v5e, mostly compilation (tens of seconds for each form of the 1B model).
+# SET=kernels (the default; about 8.5 minutes on a TPU v5e, mostly compilation, about 60 s for each form of the
+# 1B model): the compiled kernel tests (the MXU and the vector-unit products), then the 1B model at batch 1 in
+# bfloat16 and with 2-bit ternary, int8 and int4 resident weights, each low-bit form by the MXU kernels
+# (FORM@pallas) beside the vector-unit kernels (FORM@pallas-vpu) in one process.
+# SET=rest (about 6 minutes): the 1B model's int4 MXU kernels and bfloat16 at batches 16 and 64, and the 25M and
+# 350M models (float32, bfloat16, 2-bit ternary; batches 1 to 256).
+#
+# Each run merges its parts with docs/results/lm_decode_device.json as it stands (a row measured again replaces
+# the earlier one), writes that file and docs/img/lm_decode_device.png, and copies both into OUT. A part cut short
+# by its timeout leaves the others' rows.
 set -u
 OUT=${OUT:-tpu-out}
+SET=${SET:-kernels}
 mkdir -p "$OUT"
-echo "=== kernels compiled on the chip $(date -u +%T)"
-timeout 60 python3 -m pytest -q -o addopts="" -o filterwarnings="ignore::UserWarning" --import-mode=importlib \
-  -p no:cacheprovider tests/test_lm_kernels.py -k compiled 2>&1 | tail -15
 B="python3 benchmarks/lm_decode_device.py --repeats 3"
-parts=(
-  "150|--model 1B --forms bfloat16,ternary-2bit@pallas,int8@pallas,int4@pallas --batches 1 --tokens 64"
-  "80|--model 1B --forms bfloat16 --batches 16,64 --tokens 64"
-  "90|--model 25M --forms float32,bfloat16,ternary-2bit@pallas,ternary-2bit@xla --batches 1 --tokens 128 --loop-bytes 32"
-  "40|--model 25M --forms bfloat16 --batches 8,64,256 --tokens 64"
-  "60|--model 350M --forms bfloat16,ternary-2bit@pallas --batches 1 --tokens 64"
-)
+case "$SET" in
+  kernels)
+    echo "=== kernels compiled on the chip $(date -u +%T)"
+    timeout 120 python3 -m pytest -q -o addopts="" -o filterwarnings="ignore::UserWarning" --import-mode=importlib \
+      -p no:cacheprovider tests/test_lm_kernels.py -k compiled 2>&1 | tail -15
+    parts=(
+      "190|--model 1B --forms bfloat16,ternary-2bit@pallas,ternary-2bit@pallas-vpu --batches 1 --tokens 64"
+      "190|--model 1B --forms int8@pallas,int8@pallas-vpu,int4@pallas-vpu --batches 1 --tokens 64"
+    )
+    ;;
+  rest)
+    parts=(
+      "80|--model 1B --forms int4@pallas --batches 1 --tokens 64"
+      "80|--model 1B --forms bfloat16 --batches 16,64 --tokens 64"
+      "90|--model 25M --forms float32,bfloat16,ternary-2bit@pallas,ternary-2bit@xla --batches 1 --tokens 128 --loop-bytes 32"
+      "40|--model 25M --forms bfloat16 --batches 8,64,256 --tokens 64"
+      "60|--model 350M --forms bfloat16,ternary-2bit@pallas --batches 1 --tokens 64"
+    )
+    ;;
+  *)
+    echo "SET must be kernels or rest; got '$SET'" >&2
+    exit 2
+    ;;
+esac
 files=()
+[ -f docs/results/lm_decode_device.json ] && files+=(docs/results/lm_decode_device.json)
 for i in "${!parts[@]}"; do
   t=${parts[$i]%%|*}; args=${parts[$i]#*|}
   echo "=== $args (timeout ${t}s) $(date -u +%T)"
-  timeout "$t" $B $args --out "$OUT/part$i.json" 2>&1 | grep -v hugepages | tail -12
-  [ -f "$OUT/part$i.json" ] && files+=("$OUT/part$i.json")
+  timeout "$t" $B $args --out "$OUT/$SET-part$i.json" 2>&1 | grep -v hugepages | tail -12
+  [ -f "$OUT/$SET-part$i.json" ] && files+=("$OUT/$SET-part$i.json")
 done
-python3 - "$OUT" "${files[@]}" <<'PY'
+python3 - "$OUT" "$SET" "${files[@]}" <<'PY'
 import sys
 from pathlib import Path
 from stejax.bench._lm_decode import device_plot, merge_device_results
-out, parts = Path(sys.argv[1]), sys.argv[2:]
+out, chosen, parts = Path(sys.argv[1]), sys.argv[2], sys.argv[3:]
 if parts:
-    doc = merge_device_results(parts, "docs/results/lm_decode_device.json", command="OUT=tpu-out bash benchmarks/lm_decode_device.sh")
+    command = f"OUT=tpu-out SET={chosen} bash benchmarks/lm_decode_device.sh"
+    doc = merge_device_results(parts, "docs/results/lm_decode_device.json", command=command)
     device_plot(doc["rows"], Path("docs/img/lm_decode_device.png"))
     for key, figure in doc["figures"].items():
         print(key, figure["text"], figure.get("target"), figure.get("met"))

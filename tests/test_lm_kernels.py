@@ -13,6 +13,7 @@ from stejax.lm._kernel_blocks import Blocks, default_blocks
 from stejax.lm._kernel_int4 import grouped_kernel_fits, grouped_sum, grouped_sum_reference
 from stejax.lm._kernel_int8 import int8_accumulate, int8_accumulate_reference, int8_kernel_fits
 from stejax.lm._kernel_ternary import ternary_accumulate, ternary_accumulate_reference, ternary_kernel_fits
+from stejax.lm._kernel_vpu import is_vpu_layer, kernel_method, vpu_blocks, with_kernel_method
 from stejax.lm._lowbit import lowbit_linear, pack_groups
 
 # Compiled Pallas TPU kernels need a TPU (v5e or newer: int8 on the MXU): elsewhere only interpret mode is a case,
@@ -30,7 +31,11 @@ SHAPES = [  # (rows, k, n, blocks): aligned tiles over a 2 x 2 grid, a partial r
     (3, 256, 256, Blocks(128, 128)),
     (1, 512, 128, None),
     (5, 96, 64, None),
+    (8, 256, 384, Blocks(128, 384)),  # the vector unit's most rows, loops over row chunks and three lane tiles
+    (9, 128, 128, None),  # more rows than the vector unit takes: method="vpu" multiplies on the MXU
 ]
+# The MXU kernels, and the vector-unit product of a few rows (stejax.lm._kernel_vpu).
+METHODS = ["mxu", "vpu"]
 
 
 def _inputs(rows: int, k: int, seed: int = 0) -> jax.Array:
@@ -47,33 +52,37 @@ def _exact(q: jax.Array, codes: np.ndarray) -> np.ndarray:
     return np.asarray(q, np.int64) @ codes.astype(np.int64)
 
 
+@pytest.mark.parametrize("method", METHODS)
 @pytest.mark.parametrize(("rows", "k", "n", "blocks"), SHAPES)
-def test_int8_accumulators_equal_the_xla_integer_product(rows, k, n, blocks, interpret):
+def test_int8_accumulators_equal_the_xla_integer_product(rows, k, n, blocks, interpret, method):
     rng = np.random.default_rng(1)
     codes = rng.integers(-128, 128, (k, n)).astype(np.int8)
     codes[:, 0] = -128  # the extreme code against the extreme inputs
     q = _inputs(rows, k)
-    got = int8_accumulate(q, jnp.asarray(codes), blocks=blocks, interpret=interpret)
+    got = int8_accumulate(q, jnp.asarray(codes), blocks=blocks, interpret=interpret, method=method)
     assert got.dtype == jnp.int32
     np.testing.assert_array_equal(got, int8_accumulate_reference(q, jnp.asarray(codes)))
     np.testing.assert_array_equal(got, _exact(q, codes))
 
 
+@pytest.mark.parametrize("method", METHODS)
 @pytest.mark.parametrize(("rows", "k", "n", "blocks"), SHAPES)
-def test_ternary_2bit_accumulators_equal_the_xla_integer_product(rows, k, n, blocks, interpret):
+def test_ternary_2bit_accumulators_equal_the_xla_integer_product(rows, k, n, blocks, interpret, method):
     codes = np.random.default_rng(2).integers(-1, 2, (k, n))
+    codes[:, 0] = 1  # every field of column 0's bytes at its top value: bytes 0xff, -1 as int8
     packed = jnp.asarray(pack_groups(codes, k, 2))
     q = _inputs(rows, k)
     if blocks is not None:  # over the packed rows: a quarter of k
         blocks = Blocks(k // 4 // 2 if k // 4 // 2 % 128 == 0 else k // 4, blocks.block_n)
-    got = ternary_accumulate(q, packed, blocks=blocks, interpret=interpret)
+    got = ternary_accumulate(q, packed, blocks=blocks, interpret=interpret, method=method)
     np.testing.assert_array_equal(got, ternary_accumulate_reference(q, packed))
     np.testing.assert_array_equal(got, _exact(q, codes))
 
 
+@pytest.mark.parametrize("method", METHODS)
 @pytest.mark.parametrize("bits", [4, 2])
-@pytest.mark.parametrize(("rows", "k", "n"), [(3, 512, 256), (1, 96, 64), (9, 256, 128)])
-def test_grouped_sums_are_exact_and_match_the_reference(bits, rows, k, n, interpret):
+@pytest.mark.parametrize(("rows", "k", "n"), [(3, 512, 256), (1, 96, 64), (9, 256, 128), (8, 256, 128)])
+def test_grouped_sums_are_exact_and_match_the_reference(bits, rows, k, n, interpret, method):
     rng = np.random.default_rng(3)
     top = 1 << (bits - 1)
     codes = rng.integers(-top, top, (k, n))
@@ -82,17 +91,18 @@ def test_grouped_sums_are_exact_and_match_the_reference(bits, rows, k, n, interp
     q = _inputs(rows, k)
     # Unit scales: the float32 sum of exact int32 group sums is the integer product (|sum| < 2**24).
     ones = jnp.ones((k // 32, n), jnp.float32)
-    got = grouped_sum(q, packed, ones, bits=bits, interpret=interpret)
+    got = grouped_sum(q, packed, ones, bits=bits, interpret=interpret, method=method)
     np.testing.assert_array_equal(got, _exact(q, codes).astype(np.float32))
     np.testing.assert_array_equal(grouped_sum_reference(q, packed, ones, bits=bits), got)
     # One group at a time: each group's sum lands on its own scale (a missing or doubled block would show).
     for g in (0, k // 32 - 1):
         only = jnp.zeros((k // 32, n), jnp.float32).at[g].set(1.0)
         want = _exact(q[:, g * 32 : (g + 1) * 32], codes[g * 32 : (g + 1) * 32]).astype(np.float32)
-        np.testing.assert_array_equal(grouped_sum(q, packed, only, bits=bits, interpret=interpret), want)
+        got_g = grouped_sum(q, packed, only, bits=bits, interpret=interpret, method=method)
+        np.testing.assert_array_equal(got_g, want)
     # Real scales: the same float32 products and sums, in the order of the groups, up to float32 rounding.
     scale = jnp.asarray(rng.uniform(0.001, 0.1, (k // 32, n)), jnp.float32)
-    got = grouped_sum(q, packed, scale, bits=bits, interpret=interpret)
+    got = grouped_sum(q, packed, scale, bits=bits, interpret=interpret, method=method)
     want = grouped_sum_reference(q, packed, scale, bits=bits)
     np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-6 * float(jnp.max(jnp.abs(want))))
 
@@ -120,10 +130,58 @@ def test_grouped_blocks_must_hold_whole_groups():
         Blocks(0, 128)
 
 
+def test_an_unknown_method_and_shapes_the_vector_unit_does_not_take_are_refused():
+    q = jnp.zeros((1, 256), jnp.int8)
+    with pytest.raises(ValueError, match=r"int8_accumulate: method must be one of \('mxu', 'vpu'\); got 'gpu'"):
+        int8_accumulate(q, jnp.zeros((256, 128), jnp.int8), interpret=True, method="gpu")
+    with pytest.raises(ValueError, match=r"kernel_method: method must be one of \('mxu', 'vpu'\); got 'tpu'"):
+        with kernel_method("tpu"):
+            pass
+    with pytest.raises(ValueError, match=r"int8_accumulate: method='vpu' needs packed rows a multiple of 8; got 12"):
+        int8_accumulate(jnp.zeros((1, 12), jnp.int8), jnp.zeros((12, 128), jnp.int8), interpret=True, method="vpu")
+    packed = jnp.zeros((2, 64, 128), jnp.int8)  # int4 groups of 128: 64 packed rows a group
+    with pytest.raises(ValueError, match=r"grouped_sum: method='vpu' needs a group of 8, 16 or 32 packed rows"):
+        grouped_sum(q, packed, jnp.ones((2, 128), jnp.float32), bits=4, interpret=True, method="vpu")
+
+
+def _kernel_dots(fn) -> int:
+    """How many dot_general equations the kernels that ``fn`` traces hold (the MXU's products)."""
+    return str(jax.make_jaxpr(fn)()).count("dot_general")
+
+
+def test_the_method_context_and_the_vpu_layers_choose_the_product_when_traced():
+    q, codes = jnp.ones((1, 128), jnp.int8), jnp.ones((128, 128), jnp.int8)
+    assert _kernel_dots(lambda: int8_accumulate(q, codes, interpret=True)) > 0
+    with kernel_method("vpu"):
+        assert _kernel_dots(lambda: int8_accumulate(q, codes, interpret=True)) == 0
+        assert _kernel_dots(lambda: int8_accumulate(q, codes, interpret=True, method="mxu")) > 0
+        wide = jnp.ones((9, 128), jnp.int8)  # more rows than the vector unit takes: the MXU kernel
+        assert _kernel_dots(lambda: int8_accumulate(wide, codes, interpret=True)) > 0
+    assert _kernel_dots(lambda: int8_accumulate(q, codes, interpret=True)) > 0  # the context is left
+    from stejax.lm._configs import CONFIGS
+
+    layer = lowbit_linear(np.ones((128, 128), np.int8), np.ones((128,), np.float32), CONFIGS["w8a8"])
+    x = jnp.ones((1, 128), jnp.float32)
+    for method, dots in (("vpu", 0), ("mxu", 1)):
+        model = with_kernel_method(layer, method)
+        model.interpret = True
+        assert model.implementation == "pallas" and is_vpu_layer(model) == (method == "vpu")
+        assert (_kernel_dots(lambda model=model: model(x)) > 0) == bool(dots)
+    assert layer.implementation is None and not is_vpu_layer(layer)  # the original is left as it was
+    with pytest.raises(ValueError, match=r"with_kernel_method: method must be one of \('mxu', 'vpu'\)"):
+        with_kernel_method(layer, "VPU")
+
+
 def test_default_blocks_and_the_kernel_or_xla_predicates():
     assert default_blocks(2048, 5632) == Blocks(512, 2816)  # 1.4 MiB (1024 rows: 2.8 MiB, over 2); n up to 4096
     assert default_blocks(1376, 512) == Blocks(1376, 512)  # no multiple of 128 divides 1376: the whole axis
     assert default_blocks(2816, 2048, multiple_k=16, fewest_k=True) == Blocks(128, 2048)
+    # The vector unit's blocks: the widest columns; rows within 2 MiB of bytes and 4 MiB of lane-broadcast
+    # multipliers (512 bytes a packed row each).
+    assert vpu_blocks(512, 5632, 4) == Blocks(512, 2816)
+    assert vpu_blocks(2048, 2048, 8) == Blocks(1024, 2048)
+    assert vpu_blocks(2048, 2048, 32) == Blocks(256, 2048)
+    assert vpu_blocks(1024, 5632, 2, multiple_k=128) == Blocks(512, 2816)
     assert int8_kernel_fits(1, 2048, 5632) and not int8_kernel_fits(1024, 2048, 5632)
     assert ternary_kernel_fits(8, 2048, 5632) and not ternary_kernel_fits(8, 2046, 5632)
     assert grouped_kernel_fits(16, 2048, 5632, 32, 4) and not grouped_kernel_fits(17, 2048, 5632, 32, 4)
@@ -163,9 +221,9 @@ def artifacts(tmp_path_factory):
     return {c: export_lm(model, c, root / c) for c in ("w8a8", "w4a8", "w1.58a8")}
 
 
-def _with_kernels(model: nnx.Module) -> nnx.Module:
-    """A copy whose low-bit layers run the Pallas kernels in interpret mode."""
-    copy = nnx.clone(model)
+def _with_kernels(model: nnx.Module, method: str = "mxu") -> nnx.Module:
+    """A copy whose low-bit layers run the Pallas kernels (by ``method``) in interpret mode."""
+    copy = nnx.clone(with_kernel_method(model, method))
     for _, module in nnx.iter_modules(copy):
         if isinstance(module, LowBitLinear):
             module.implementation, module.interpret = "pallas", True
@@ -193,23 +251,41 @@ def test_kernel_logits_equal_the_xla_integer_path(artifacts, config, form):
         np.testing.assert_array_equal(got, want)
 
 
-@pytest.mark.parametrize("config", ["w8a8", "w4a8", "w1.58a8"])  # float has no low-bit layer (test_lm_decode)
-def test_greedy_bytes_with_kernels_equal_the_per_byte_loop(artifacts, config):
+@pytest.mark.parametrize(
+    ("config", "form"), [("w8a8", "int8"), ("w1.58a8", "2bit"), ("w1.58a8", "int8"), ("w4a8", "int8")]
+)
+def test_vector_unit_logits_equal_the_xla_integer_path(artifacts, config, form):
+    from stejax.lm import load_lowbit
+
+    xla = load_lowbit(artifacts[config], ternary=form, implementation="xla").model
+    tokens = jnp.asarray(np.random.default_rng(5).integers(0, 256, (1, 7)), jnp.uint8)  # 7 rows: the vector unit
+    want = np.asarray(_logits(nnx.split(xla), tokens))
+    got = np.asarray(_logits(nnx.split(_with_kernels(xla, "vpu")), tokens))
+    if config == "w4a8":
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
+    else:
+        np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize(
+    ("config", "method"), [("w8a8", "mxu"), ("w4a8", "mxu"), ("w1.58a8", "mxu"), ("w1.58a8", "vpu")]
+)  # float has no low-bit layer (test_lm_decode)
+def test_greedy_bytes_with_kernels_equal_the_per_byte_loop(artifacts, config, method):
     from stejax.lm import load_lowbit
 
     loaded = load_lowbit(artifacts[config], ternary="2bit")
     key = jax.random.key(0)
     with jax.debug_key_reuse(False):
         want = tuple(generate(loaded.reference, p, tokens=48, key=key, temperature=0).tokens for p in PROMPTS)
-    got = decode(_with_kernels(loaded.model), list(PROMPTS), tokens=48, key=key, temperature=0)
+    got = decode(_with_kernels(loaded.model, method), list(PROMPTS), tokens=48, key=key, temperature=0)
     assert got.texts == want
 
 
 # ----------------------------------------------------------------------------- lowering for a TPU, on any machine
 
 
-def _mosaic_matmuls(fn, *args) -> list[str]:
-    """The ``tpu.matmul`` lines of the Mosaic modules that ``fn`` lowers to for a TPU (exported, never run)."""
+def _mosaic_modules(fn, *args) -> list[str]:
+    """The Mosaic modules that ``fn`` lowers to for a TPU (exported, never run), as text."""
     import jax._src.tpu_custom_call as tpu_custom_call  # the Mosaic module before serialisation: a private hook
 
     seen: list[str] = []
@@ -223,7 +299,12 @@ def _mosaic_matmuls(fn, *args) -> list[str]:
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(tpu_custom_call, "_lower_mosaic_module_to_asm", spy)
         jax.export.export(jax.jit(fn), platforms=["tpu"])(*specs)
-    return [line.strip() for text in seen for line in text.splitlines() if "tpu.matmul" in line]
+    return seen
+
+
+def _mosaic_matmuls(fn, *args) -> list[str]:
+    """The ``tpu.matmul`` lines of the Mosaic modules that ``fn`` lowers to for a TPU."""
+    return [line.strip() for text in _mosaic_modules(fn, *args) for line in text.splitlines() if "tpu.matmul" in line]
 
 
 @pytest.mark.parametrize("precision", ["default", "highest"])
@@ -248,3 +329,66 @@ def test_kernels_lower_for_a_tpu_with_int8_matmuls_at_any_default_precision(prec
             for line in matmuls:
                 assert "xi8>" in line and "xi32>" in line, (name, line)
                 assert "fp32" not in line, (name, line)
+
+
+@pytest.mark.parametrize(("rows", "k", "n"), [(1, 2048, 5632), (8, 256, 256), (5, 96, 64)])
+def test_vector_unit_kernels_lower_for_a_tpu_without_a_matmul(rows, k, n):
+    # The 1B model's widest layer (loops over row chunks, blocks of 2816 columns), the most rows, whole odd axes.
+    q = jnp.zeros((rows, k), jnp.int8)
+    cases = {
+        "int8": (lambda q, c: int8_accumulate(q, c, method="vpu"), q, jnp.zeros((k, n), jnp.int8)),
+        "ternary": (lambda q, p: ternary_accumulate(q, p, method="vpu"), q, jnp.zeros((1, k // 4, n), jnp.int8)),
+        "int4": (
+            lambda q, p, s: grouped_sum(q, p, s, bits=4, method="vpu"),
+            q,
+            jnp.zeros((k // 32, 16, n), jnp.int8),
+            jnp.zeros((k // 32, n), jnp.float32),
+        ),
+        "int2": (
+            lambda q, p, s: grouped_sum(q, p, s, bits=2, method="vpu"),
+            q,
+            jnp.zeros((k // 32, 8, n), jnp.int8),
+            jnp.zeros((k // 32, n), jnp.float32),
+        ),
+    }
+    for name, (fn, *args) in cases.items():
+        modules = _mosaic_modules(fn, *args)
+        assert len(modules) == 1, name
+        assert "tpu.matmul" not in modules[0], name
+        assert "arith.muli" in modules[0], name  # the products, on the vector unit
+
+
+def test_decode_bench_forms_choose_the_vector_unit_and_its_figures_compare_the_products(tmp_path):
+    from stejax.bench._lm_decode import _implementation, device_figures, main, random_model
+
+    small = LMConfig(context=32, width=64, depth=1, heads=2, hidden=128)
+    model, _ = random_model("small", "ternary-2bit", implementation="pallas-vpu", config=small)
+    layers = [m for _, m in nnx.iter_modules(model) if isinstance(m, LowBitLinear)]
+    assert len(layers) == 7 and all(is_vpu_layer(m) and m.implementation == "pallas" for m in layers)
+    assert _implementation(model, 1) == "pallas-vpu" and _implementation(model, 9) == "pallas"
+    mxu, _ = random_model("small", "ternary-2bit", implementation="pallas", config=small)
+    assert _implementation(mxu, 1) == "pallas"
+
+    def row(weights, implementation, rate):
+        return {
+            "model": "1B",
+            "weights": weights,
+            "implementation": implementation,
+            "batch": 1,
+            "path": "compiled",
+            "decode_bytes_per_s": rate,
+            "roofline": 0.5,
+            "compiles": 0,
+        }
+
+    rows = [
+        row("bfloat16", "xla", 100.0),
+        row("ternary-2bit", "pallas", 150.0),
+        row("ternary-2bit", "pallas-vpu", 450.0),
+    ]
+    figures = device_figures(rows)
+    assert figures["ternary_2bit_vpu_vs_mxu_1B"].value == 3.0
+    assert figures["ternary_2bit_vs_bf16_1B"].value == 4.5 and figures["ternary_2bit_vs_bf16_1B"].met is True
+    assert "pallas-vpu" in figures["ternary_2bit_vs_bf16_1B"].note
+    with pytest.raises(SystemExit):
+        main(["--model", "1B", "--forms", "int8@cuda", "--out", str(tmp_path / "x.json")])

@@ -18,11 +18,15 @@ group's columns, zeros elsewhere), so that one int8 product gives every group's
 int32 sum at once; the kernel then scales and adds them. The grid walks blocks
 of 128 packed rows (eight int4 groups): few groups a block keep the expanded
 rows few. :func:`grouped_sum_reference` is the test oracle and the fallback.
+``method="vpu"`` multiplies up to 8 rows on the vector unit instead
+(:mod:`stejax.lm._kernel_vpu`): the same exact group sums, scaled and added in
+the same order.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -30,6 +34,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from stejax.lm._kernel_blocks import Blocks, arrange_input, default_blocks, int8_dot, unpack_slices, vmem_limit
+from stejax.lm._kernel_vpu import VPU_MOST_ROWS, grouped_vpu_sum, resolve_method
 
 __all__ = ["grouped_kernel_fits", "grouped_sum", "grouped_sum_reference"]
 
@@ -116,7 +121,6 @@ def _body(
         out_ref[...] = acc_ref[...]
 
 
-@functools.partial(jax.jit, static_argnames=("bits", "blocks", "interpret"))
 def grouped_sum(
     q: jax.Array,
     packed: jax.Array,
@@ -125,6 +129,7 @@ def grouped_sum(
     bits: int,
     blocks: Blocks | None = None,
     interpret: bool = False,
+    method: str | None = None,
 ) -> jax.Array:
     """int8 ``q`` ``(..., k)`` times grouped codes packed ``(groups, group / per, n)`` with scales ``(groups, n)``.
 
@@ -136,17 +141,48 @@ def grouped_sum(
       scale: float32 ``(groups, n)``.
       bits: 4 or 2.
       blocks: :class:`Blocks` over the packed ``(k / per, n)`` bytes; ``block_k`` a multiple of a group's packed
-        rows (None: 128 packed rows and the widest ``block_n``).
+        rows, for ``"vpu"`` of eight groups' (None: 128 packed rows and the widest ``block_n``, or
+        :func:`stejax.lm._kernel_vpu.vpu_blocks`).
       interpret: run the kernel in Pallas interpret mode (any backend).
+      method: ``"mxu"`` (one expanded int8 product on the MXU), ``"vpu"`` (at most 8 rows on the vector unit;
+        more rows on the MXU), or None: the one :func:`stejax.lm._kernel_vpu.kernel_method` sets, else
+        ``"mxu"``.
 
     Raises:
-      ValueError: bits other than 4 or 2, dtypes other than int8, shapes that do not agree, or blocks that do
-        not tile the packed bytes.
+      ValueError: bits other than 4 or 2, dtypes other than int8, shapes that do not agree, an unknown method,
+        or blocks that do not tile the packed bytes.
     """
+    method = resolve_method(method, "grouped_sum")
+    return _grouped_sum(q, packed, scale, bits=bits, blocks=blocks, interpret=interpret, method=method)
+
+
+@functools.partial(jax.jit, static_argnames=("bits", "blocks", "interpret", "method"))
+def _grouped_sum(
+    q: jax.Array,
+    packed: jax.Array,
+    scale: jax.Array,
+    *,
+    bits: int,
+    blocks: Blocks | None,
+    interpret: bool,
+    method: str,
+) -> jax.Array:
     groups, group, n = _check(q, packed, scale, bits, "grouped_sum")
     per = 8 // bits
     per_group = group // per
     rows_k, k = groups * per_group, groups * group
+    if method == "vpu" and math.prod(q.shape[:-1]) <= VPU_MOST_ROWS:
+        total = grouped_vpu_sum(
+            q.reshape(-1, k),
+            packed.reshape(rows_k, n),
+            scale.astype(jnp.float32),
+            group=group,
+            bits=bits,
+            blocks=blocks,
+            interpret=interpret,
+            where="grouped_sum",
+        )
+        return total.reshape(*q.shape[:-1], n)
     blocks = _blocks(groups, group, n, bits) if blocks is None else blocks
     blocks.check(rows_k, n, where="grouped_sum", multiple_k=per_group)
     bk, bn = blocks.block_k, blocks.block_n

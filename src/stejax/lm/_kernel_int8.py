@@ -8,7 +8,8 @@ afterwards (outside the kernel: an elementwise epilogue, the same either way).
 :func:`int8_accumulate` runs the kernel (weights read from HBM block by block,
 multiplied on the MXU) or the reference :func:`int8_accumulate_reference`
 (``lax.dot_general`` with ``preferred_element_type=int32``), which is also what
-runs wherever the kernel cannot.
+runs wherever the kernel cannot. ``method="vpu"`` multiplies up to 8 rows on the
+vector unit instead of the MXU (:mod:`stejax.lm._kernel_vpu`); the sums are the same.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from stejax.lm._kernel_blocks import Blocks, default_blocks, int8_dot, vmem_limit
+from stejax.lm._kernel_vpu import VPU_MOST_ROWS, field_sums, resolve_method
 
 __all__ = ["ROW_PAD", "int8_accumulate", "int8_accumulate_reference", "int8_kernel_fits"]
 
@@ -58,31 +60,49 @@ def _body(x_ref: jax.Array, w_ref: jax.Array, out_ref: jax.Array, acc_ref: jax.A
         out_ref[...] = acc_ref[...]
 
 
-@functools.partial(jax.jit, static_argnames=("blocks", "interpret"))
 def int8_accumulate(
-    q: jax.Array, codes: jax.Array, *, blocks: Blocks | None = None, interpret: bool = False
+    q: jax.Array,
+    codes: jax.Array,
+    *,
+    blocks: Blocks | None = None,
+    interpret: bool = False,
+    method: str | None = None,
 ) -> jax.Array:
-    """``q`` int8 ``(..., k)`` times ``codes`` int8 ``(k, n)``: int32 ``(..., n)``, on the MXU block by block.
+    """``q`` int8 ``(..., k)`` times ``codes`` int8 ``(k, n)``: int32 ``(..., n)``, block by block.
 
     Args:
-      q: input codes, any leading shape (flattened to rows, padded to a multiple of 32).
+      q: input codes, any leading shape (flattened to rows; padded to a multiple of 32 for the MXU).
       codes: weight codes, resident as they are (never copied or padded).
-      blocks: :class:`Blocks` (None: :func:`default_blocks`).
+      blocks: :class:`Blocks` (None: :func:`default_blocks`, or :func:`stejax.lm._kernel_vpu.vpu_blocks`).
       interpret: run the kernel in Pallas interpret mode (any backend).
+      method: ``"mxu"`` (int8 products on the MXU), ``"vpu"`` (at most 8 rows on the vector unit; more rows
+        on the MXU), or None: the one :func:`stejax.lm._kernel_vpu.kernel_method` sets, else ``"mxu"``.
 
     Raises:
-      ValueError: dtypes other than int8, mismatched contraction, or blocks that do not tile ``(k, n)``.
+      ValueError: dtypes other than int8, mismatched contraction, an unknown method, or blocks that do not
+        tile ``(k, n)``.
     """
+    method = resolve_method(method, "int8_accumulate")
+    return _int8_accumulate(q, codes, blocks=blocks, interpret=interpret, method=method)
+
+
+@functools.partial(jax.jit, static_argnames=("blocks", "interpret", "method"))
+def _int8_accumulate(
+    q: jax.Array, codes: jax.Array, *, blocks: Blocks | None, interpret: bool, method: str
+) -> jax.Array:
     if q.dtype != jnp.int8 or codes.dtype != jnp.int8:
         raise ValueError(f"int8_accumulate: expected int8 inputs and codes; got {q.dtype} and {codes.dtype}.")
     k, n = codes.shape
     if q.shape[-1] != k:
         raise ValueError(f"int8_accumulate: q's last axis ({q.shape[-1]}) must equal codes' rows ({k}).")
-    blocks = default_blocks(k, n) if blocks is None else blocks
-    blocks.check(k, n, where="int8_accumulate")
     lead = q.shape[:-1]
     x = q.reshape(-1, k)
     rows = x.shape[0]
+    if method == "vpu" and rows <= VPU_MOST_ROWS:
+        acc = field_sums(x, codes, per=1, bits=8, blocks=blocks, interpret=interpret, where="int8_accumulate")
+        return acc.reshape(*lead, n)
+    blocks = default_blocks(k, n) if blocks is None else blocks
+    blocks.check(k, n, where="int8_accumulate")
     padded = -(-rows // ROW_PAD) * ROW_PAD
     x = jnp.pad(x, ((0, padded - rows), (0, 0)))
     bk, bn = blocks.block_k, blocks.block_n

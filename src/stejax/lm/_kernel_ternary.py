@@ -13,7 +13,9 @@ form's bytes), unpacks the four slices in VMEM with shifts and masks in int32,
 and multiplies each by its quarter of the inputs on the MXU (int8 by int8,
 int32 accumulation). :func:`ternary_accumulate_reference` unpacks with the same
 function and multiplies with ``lax.dot_general``: the test oracle and the
-fallback wherever the kernel cannot run.
+fallback wherever the kernel cannot run. ``method="vpu"`` multiplies up to 8
+rows on the vector unit instead, reading the same bytes
+(:mod:`stejax.lm._kernel_vpu`); the sums are the same.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from stejax.lm._kernel_blocks import Blocks, arrange_input, default_blocks, int8_dot, unpack_slices, vmem_limit
+from stejax.lm._kernel_vpu import VPU_MOST_ROWS, field_sums, resolve_method
 
 __all__ = ["ternary_accumulate", "ternary_accumulate_reference", "ternary_kernel_fits"]
 
@@ -84,29 +87,57 @@ def _body(x_ref: jax.Array, w_ref: jax.Array, out_ref: jax.Array, acc_ref: jax.A
         out_ref[...] = acc_ref[...]
 
 
-@functools.partial(jax.jit, static_argnames=("blocks", "interpret"))
 def ternary_accumulate(
-    q: jax.Array, packed: jax.Array, *, blocks: Blocks | None = None, interpret: bool = False
+    q: jax.Array,
+    packed: jax.Array,
+    *,
+    blocks: Blocks | None = None,
+    interpret: bool = False,
+    method: str | None = None,
 ) -> jax.Array:
     """int8 ``q`` ``(..., k)`` times ternary codes packed ``(1, k / 4, n)``: int32 ``(..., n)``.
 
     Args:
-      q: input codes, any leading shape (flattened to rows, padded to a multiple of 32).
+      q: input codes, any leading shape (flattened to rows; padded to a multiple of 32 for the MXU).
       packed: the resident bytes (int8), read as they are.
-      blocks: :class:`Blocks` over the packed ``(k / 4, n)`` bytes (None: :func:`default_blocks`).
+      blocks: :class:`Blocks` over the packed ``(k / 4, n)`` bytes (None: :func:`default_blocks`, or
+        :func:`stejax.lm._kernel_vpu.vpu_blocks`).
       interpret: run the kernel in Pallas interpret mode (any backend).
+      method: ``"mxu"`` (the unpacked slices multiplied on the MXU), ``"vpu"`` (at most 8 rows on the vector
+        unit; more rows on the MXU), or None: the one :func:`stejax.lm._kernel_vpu.kernel_method` sets,
+        else ``"mxu"``.
 
     Raises:
-      ValueError: dtypes other than int8, a packed shape other than ``(1, k / 4, n)``, or blocks that do not
-        tile the packed bytes.
+      ValueError: dtypes other than int8, a packed shape other than ``(1, k / 4, n)``, an unknown method, or
+        blocks that do not tile the packed bytes.
     """
+    method = resolve_method(method, "ternary_accumulate")
+    return _ternary_accumulate(q, packed, blocks=blocks, interpret=interpret, method=method)
+
+
+@functools.partial(jax.jit, static_argnames=("blocks", "interpret", "method"))
+def _ternary_accumulate(
+    q: jax.Array, packed: jax.Array, *, blocks: Blocks | None, interpret: bool, method: str
+) -> jax.Array:
     k, n = _check(q, packed, "ternary_accumulate")
     rows_k = k // PER
-    blocks = default_blocks(rows_k, n) if blocks is None else blocks
-    blocks.check(rows_k, n, where="ternary_accumulate")
     lead = q.shape[:-1]
     x = q.reshape(-1, k)
     rows = x.shape[0]
+    if method == "vpu" and rows <= VPU_MOST_ROWS:
+        fields = field_sums(
+            x,
+            packed.reshape(rows_k, n),
+            per=PER,
+            bits=2,
+            blocks=blocks,
+            interpret=interpret,
+            where="ternary_accumulate",
+        )
+        # Each field holds code + 2: the offset's share, exact in int32.
+        return (fields - 2 * jnp.sum(x.astype(jnp.int32), axis=1, keepdims=True)).reshape(*lead, n)
+    blocks = default_blocks(rows_k, n) if blocks is None else blocks
+    blocks.check(rows_k, n, where="ternary_accumulate")
     padded = -(-rows // ROW_PAD) * ROW_PAD
     xs = arrange_input(jnp.pad(x, ((0, padded - rows), (0, 0))), k, PER)  # (4, padded, k / 4)
     bk, bn = blocks.block_k, blocks.block_n
