@@ -23,7 +23,16 @@ $(LLAMACPP): requirements/constraints.txt
 		$(BIN)/python -m pip install --quiet -c requirements/constraints.txt llama-cpp-python
 	touch $(LLAMACPP)
 
-$(STAMP): pyproject.toml requirements/constraints.txt $(LLAMACPP)
+# libtpu, the TPU compiler (the version jax pins), in a folder of its own outside the environment's import path
+# (imported there, jax would look for a TPU at start-up): tests/test_tpu_compile.py compiles the Pallas kernels for
+# a TPU with it, Mosaic included, on a machine without one.
+TPU_COMPILER := $(VENV)/tpu-compiler
+$(TPU_COMPILER)/.installed: requirements/constraints.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --no-deps --upgrade --target $(TPU_COMPILER) -c requirements/constraints.txt libtpu
+	touch $(TPU_COMPILER)/.installed
+
+$(STAMP): pyproject.toml requirements/constraints.txt $(LLAMACPP) $(TPU_COMPILER)/.installed
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -c requirements/constraints.txt -e ".[test]"
