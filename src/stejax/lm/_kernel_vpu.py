@@ -41,14 +41,24 @@ int2 grouped (4)        as ternary; per group of 32 x 128 as int4               
 Other formulations weighed: masking each field (``(u >> bs) & 3``) costs one op more per weight than the
 telescoped multipliers; reading a 32-bit word as 16 ternary codes saves the widening (0.25 op per weight) but
 needs 15 shifts per 16 codes and products that wrap modulo :math:`2^{32}` (:math:`c \cdot u` with
-:math:`u < 2^{32}`); selecting :math:`\pm x` by code needs a compare or a mask per weight as well. Scalar
-multipliers from SMEM would need a vreg of one contraction index (one packed row x 1024 columns), which the
-resident ``(k / per, n)`` layout does not give without a copy. Making the weights the streaming operand of
-the MXU (the transposed product) meets the same 128 values a cycle per MXU.
+:math:`u < 2^{32}`); selecting :math:`\pm x` by code needs a compare or a mask per weight as well; widening
+to unsigned bytes compiles to the signed widening and a mask. A table per packed row (the 16 sums of a
+nibble's two fields, gathered along lanes: 6 vector ops and 2 gathers per 1024 bytes) moves the work to the
+cross-lane units, whose lane gathers the v5e compiler schedules at about 3.5 cycles each: slower than the
+multiplies. Scalar multipliers from SMEM would need a vreg of one contraction index (one packed row x 1024
+columns), which the resident ``(k / per, n)`` layout does not give without a copy. Making the weights the
+streaming operand of the MXU (the transposed product) meets the same 128 values a cycle per MXU.
 
-At 1e9 weights (the 1B model) and 3-3.5 ops a weight, the VPU needs about 0.5 ms with four vector ALU slots a
-cycle or 1 ms with two; the ternary bytes need 0.31 ms of HBM, int8's 1.26 ms. Which is faster than the MXU
-kernels at batch 1 is for a TPU to say: ``benchmarks/lm_decode_device.sh`` measures both in one process.
+The v5e compiler's schedule (compiled deviceless for a v5e, ``benchmarks/lm_kernels_static.py``) issues four
+vector ALU ops a cycle and keeps the inner loops ALU-bound: 32 packed rows x 2816 columns of ternary bytes
+(360,448 weights) in 294 cycles, of int8 bytes (90,112 weights) in 77. At 1e9 weights (the 1B model) that is
+about 0.55 ms of vector work for ternary and int8 alike, against 0.31 ms (ternary) and 1.26 ms (int8) of HBM
+reading at 819 GB/s: int8 bound by its bytes, ternary by the vector unit; the grouped forms add their group
+sums (about 2.7 ops a weight more). The same schedule puts the MXU kernels' estimates near the vector unit's
+(about 1.1 ms a step for ternary, 1.2 ms for int8), but whole decoding steps with the MXU kernels measured 2.0
+ms and 3.0 ms on a v5e (``docs/results/lm_decode_device.json``): the schedule does not model every MXU stall.
+Which is faster at batch 1 is for a TPU to say: ``benchmarks/lm_decode_device.sh`` measures both in one
+process.
 
 Exactness. Every product and sum is int32: :math:`|c_s| \le 128 + 2^b \cdot 128`, :math:`y_s < 256`, and the
 accumulated sums stay below :math:`2^{31}` for any contraction under :math:`2^{21}`. Grouped sums are added in
