@@ -51,6 +51,36 @@ def test_the_declared_backward_matches_its_reference_bit_for_bit(options):
     assert 0 < result.lhs_grad_error < bound and 0 < result.rhs_grad_error < bound, result
 
 
+@pytest.mark.parametrize(
+    ("lhs_scale", "rhs_scale", "rounding"),
+    [("row", "column", "nearest"), ("tensor", "tensor", "nearest"), ("row", "column", "stochastic")],
+)
+def test_the_plain_form_is_the_canonical_form_bit_for_bit(lhs_scale, rhs_scale, rounding):
+    # A dense layer's product (no batch axes, one group) keeps lhs's free axes (4, 16) instead of flattening
+    # them to M = 64 rows: the same codes, scales, output and declared cotangents, bit for bit.
+    import stejax.estimators._int_products as module
+
+    x, w = _operands(4)
+    g = np.random.default_rng(5).standard_normal((4, 16, 48)).astype(np.float32)
+    key = jax.random.key(3) if rounding == "stochastic" else None
+    plain = module._Spec(8, lhs_scale, rhs_scale, 1, rounding, True)
+    canonical = plain._replace(plain=False)
+    y_p, res_p = module._forward(jnp.asarray(x), jnp.asarray(w), plain)
+    y_c, res_c = module._forward(jnp.asarray(x).reshape(1, 64, 64), jnp.asarray(w)[None], canonical)
+    np.testing.assert_array_equal(y_p, y_c.reshape(4, 16, 48))
+    for a, b in zip(res_p, res_c, strict=True):
+        np.testing.assert_array_equal(np.asarray(a).ravel(), np.asarray(b).ravel())
+    dx_p, dw_p = module._backward(plain, res_p, jnp.asarray(g), key, (jnp.float32, jnp.float32))
+    dx_c, dw_c = module._backward(canonical, res_c, jnp.asarray(g).reshape(1, 64, 48), key, (jnp.float32,) * 2)
+    np.testing.assert_array_equal(dx_p, dx_c.reshape(4, 16, 64))
+    np.testing.assert_array_equal(dw_p, dw_c[0])
+    assert float(jnp.abs(dx_p).max()) > 0 and float(jnp.abs(dw_p).max()) > 0
+    # And through the public function, against the NumPy reference.
+    options = {"rounding": rounding, "key": key} if key is not None else {}
+    result = check_integer_product(x, w, LINEAR, lhs_scale=lhs_scale, rhs_scale=rhs_scale, **options)
+    assert result.ok, result.mismatches
+
+
 def test_batch_axes_attention_scores_match_the_reference():
     rng = np.random.default_rng(2)
     q, k = rng.standard_normal((2, 5, 3, 8)).astype(np.float32), rng.standard_normal((2, 7, 3, 8)).astype(np.float32)
@@ -69,7 +99,8 @@ def test_a_wrong_fold_is_caught_by_the_check(monkeypatch):
 
     def unfolded(spec, residuals, g, key, dtypes):  # quantises the cotangent without w's scales folded in
         qx, sx, qw, sw = residuals
-        return real(spec._replace(rhs_scale="tensor"), (qx, sx, qw, jnp.ones_like(sw[:, :, :1, :1])), g, key, dtypes)
+        ones = jnp.ones((1,) * sw.ndim, sw.dtype)  # a per-tensor scale of 1, in the residual's rank
+        return real(spec._replace(rhs_scale="tensor"), (qx, sx, qw, ones), g, key, dtypes)
 
     monkeypatch.setattr(module, "_backward", unfolded)
     x, w = _operands(3)

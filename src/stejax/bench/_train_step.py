@@ -50,7 +50,7 @@ import jax.numpy as jnp
 from stejax._compile_cache import persistent_cache_off
 from stejax.bench._measure import compare, standard_promotion
 
-__all__ = ["DEPTH", "VARIANTS", "model_config", "train_step_suite"]
+__all__ = ["DEPTH", "VARIANTS", "model_config", "step_function", "train_step_suite", "variant_models"]
 
 DEPTH = 4
 VARIANTS = (
@@ -130,7 +130,8 @@ def _qwix(model: Any, backward: bool) -> Any:
         return qwix.quantize_model(model, qwix.QtProvider([rule]), jnp.zeros((1, 8), jnp.uint8))
 
 
-def _models(float_model: Any, variants: Sequence[str]) -> dict[str, Any]:
+def variant_models(float_model: Any, variants: Sequence[str]) -> dict[str, Any]:
+    """The model of each variant (a name of :data:`VARIANTS`), all sharing ``float_model``'s parameter values."""
     from stejax.lm import lm_quant, quantize_lm
 
     build = {
@@ -145,31 +146,41 @@ def _models(float_model: Any, variants: Sequence[str]) -> dict[str, Any]:
     return {v: build[v]() for v in variants}
 
 
-def _steps(models: dict[str, Any], x: jax.Array, y: jax.Array) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
-    """A compiled step per variant (one shared optimiser state where the trees agree), and per-variant facts."""
+def step_function(model: Any, label: str) -> tuple[Any, Any, Any]:
+    """(step, params, optimizer) of one variant: ``step(params, opt_state, x, y) -> (params, opt_state, loss)``.
+
+    The step is ``jax.value_and_grad`` of the mean cross-entropy, then ``optax.adamw(1e-3)``; for
+    ``"bfloat16"`` the float32 parameters are cast to bfloat16 inside the loss.
+    """
     import optax
     from flax import nnx
 
     optimizer = optax.adamw(1e-3)
+    graphdef, params, rest = cast(tuple[Any, Any, Any], nnx.split(model, nnx.Param, ...))
+    half = label == "bfloat16"
+
+    def loss_fn(params, x, y):
+        if half:
+            params = jax.tree.map(lambda p: p.astype(jnp.bfloat16), params)
+        logits = nnx.merge(graphdef, params, rest)(x)
+        return jnp.mean(optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), y))
+
+    def step(params, opt_state, x, y):
+        with standard_promotion():
+            value, grads = jax.value_and_grad(loss_fn)(params, x, y)
+            updates, opt_state = optimizer.update(grads, opt_state, params)
+            return optax.apply_updates(params, updates), opt_state, value
+
+    return step, params, optimizer
+
+
+def _steps(models: dict[str, Any], x: jax.Array, y: jax.Array) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    """A compiled step per variant (one shared optimiser state where the trees agree), and per-variant facts."""
     calls: dict[str, Any] = {}
     facts: dict[str, dict[str, Any]] = {}
     states: list[tuple[Any, Any]] = []  # (tree structure, optimiser state) shared by variants
     for label, model in models.items():
-        graphdef, params, rest = cast(tuple[Any, Any, Any], nnx.split(model, nnx.Param, ...))
-        half = label == "bfloat16"
-
-        def loss_fn(params, x, y, graphdef=graphdef, rest=rest, half=half):
-            if half:
-                params = jax.tree.map(lambda p: p.astype(jnp.bfloat16), params)
-            logits = nnx.merge(graphdef, params, rest)(x)
-            return jnp.mean(optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), y))
-
-        def step(params, opt_state, x, y, loss_fn=loss_fn):
-            with standard_promotion():
-                value, grads = jax.value_and_grad(loss_fn)(params, x, y)
-                updates, opt_state = optimizer.update(grads, opt_state, params)
-                return optax.apply_updates(params, updates), opt_state, value
-
+        step, params, optimizer = step_function(model, label)
         structure = jax.tree.structure(params)
         state = next((s for t, s in states if t == structure), None)
         if state is None:
@@ -275,7 +286,7 @@ def train_step_suite(
             warnings.simplefilter("always")
             float_model = Transformer(config, rngs=nnx.Rngs(params=0))
             params_m = sum(p.size for p in jax.tree.leaves(nnx.state(float_model, nnx.Param))) / 1e6
-            calls, facts = _steps(_models(float_model, variants), x, y)
+            calls, facts = _steps(variant_models(float_model, variants), x, y)
         notes += sorted(
             {f"{w.category.__name__} from a peer library: {' '.join(str(w.message).split())}" for w in caught}
         )

@@ -9,6 +9,10 @@ writes the same product with einsum subscripts. The arithmetic, once:
    free axes, contracting axes) and ``rhs`` to :math:`w` of shape ``(B, K, N)``.
    With ``group_size=g`` the contraction splits into :math:`G = K/g` groups:
    :math:`x` of shape ``(B, M, G, g)``, :math:`w` of shape ``(B, G, g, N)``.
+   A product with no batch axes and one group (a dense layer's) is computed in
+   the plain form instead: :math:`x` keeps ``lhs``'s free axes, ``(*F, K)``, and
+   :math:`w` is ``(K, N)``; the arithmetic is the canonical form's with
+   :math:`B = G = 1`, operation for operation (the same values bit for bit).
 2. Scales are dynamic absmax, computed in float32 (float64 for float64 inputs)
    from the current values and not differentiated:
    :math:`s = m / q_{\max}` where :math:`m` is the largest magnitude over the
@@ -65,6 +69,7 @@ class _Spec(NamedTuple):
     rhs_scale: str
     groups: int  # G: the number of groups along the contraction (1 without group_size)
     rounding: str
+    plain: bool = False  # x (*F, K) and w (K, N): no batch axes, one group, lhs's free axes kept as they are
 
 
 # ----------------------------------------------------------------------------- quantisation
@@ -115,6 +120,8 @@ def _idot(a: jax.Array, b: jax.Array, dims) -> jax.Array:
 
 def _forward(x: jax.Array, w: jax.Array, spec: _Spec):
     """y ``(B, M, N)`` in x's dtype, and the residuals (int8 codes and float scales)."""
+    if spec.plain:
+        return _forward_plain(x, w, spec)
     x4, w4 = _split(x, w, spec.groups)
     qx, sx, qw, sw = _operand_codes(x4, w4, spec)
     # (B, M, G, g) x (B, G, g, N) -> (B, G, M, N): batch (B, G), contract g.
@@ -135,6 +142,8 @@ def _noise(key: jax.Array | None, shape: tuple[int, ...], dtype: Any) -> jax.Arr
 
 def _backward(spec: _Spec, residuals, g: jax.Array, key: jax.Array | None, dtypes) -> tuple[jax.Array, jax.Array]:
     """The declared cotangents (x̄, w̄) of shapes (B, M, K) and (B, K, N), from int8 x int8 -> int32 products."""
+    if spec.plain:
+        return _backward_plain(spec, residuals, g, key, dtypes)
     qx, sx, qw, sw = residuals
     x_dtype, w_dtype = dtypes
     b, m, groups, gk = qx.shape
@@ -164,6 +173,70 @@ def _backward(spec: _Spec, residuals, g: jax.Array, key: jax.Array | None, dtype
     if not fold_x:
         dw = dw * sx
     return dx.astype(x_dtype), dw.reshape(b, groups * gk, n).astype(w_dtype)
+
+
+# ----------------------------------------------------------------------------- the plain form
+#
+# A product with no batch axes and one group (every dense layer: x (..., K) times w (K, N)) is computed on
+# x as it comes, (*F, K), with lhs's free axes F kept, and w as (K, N). The arithmetic is the canonical
+# form's with B = G = 1, operation for operation (the same maxima, codes, int32 sums and rescaling, so
+# the same values and cotangents bit for bit); only the shapes differ. Flattening F into one axis of
+# M = prod(F) rows is a reshape the compiler must carry through the layer around the product. In the
+# LM's training step compiled for a TPU (benchmarks/tpu_aot.py) that flattening made the per-token scales
+# (M,) vectors relaid out to and from the model's (batch, sequence) tiling, pushed the attention's head
+# layout into the int8 products (windowed convolutions) and their codes, and added about a quarter to the
+# bytes the step accesses; in the plain form the step's HLO is the shape of Qwix's.
+
+
+def _plain_codes(x: jax.Array, w: jax.Array, spec: _Spec):
+    """(qx, sx, qw, sw) of x ``(*F, K)`` and w ``(K, N)``: scales ``(*F, 1)`` (or all-1 shape) and ``(1, N)``."""
+    cdt = _compute_dtype(x.dtype)
+    x, w = x.astype(cdt), w.astype(cdt)
+    qmax = integer_range(spec.bits, signed=True)[1]
+    sx = _scale(x, (x.ndim - 1,) if spec.lhs_scale == "row" else tuple(range(x.ndim)), qmax)
+    sw = _scale(w, (0,) if spec.rhs_scale == "column" else (0, 1), qmax)
+    return _quantise(x, sx, spec.bits), sx, _quantise(w, sw, spec.bits), sw
+
+
+def _lift(s: jax.Array, ndim: int) -> jax.Array:
+    """w's scale ``(1, N)`` with leading size-1 axes up to ``ndim`` (broadcasting without rank promotion)."""
+    return s.reshape((1,) * (ndim - s.ndim) + s.shape)
+
+
+def _forward_plain(x: jax.Array, w: jax.Array, spec: _Spec):
+    qx, sx, qw, sw = _plain_codes(x, w, spec)
+    acc = _idot(qx, qw, (((qx.ndim - 1,), (0,)), ((), ())))  # (*F, N)
+    y = acc.astype(sx.dtype) * sx * _lift(sw, acc.ndim)
+    return y.astype(x.dtype), (qx, sx, qw, sw)
+
+
+def _plain_noise(key: jax.Array | None, shape: tuple[int, ...], dtype: Any) -> jax.Array | None:
+    # Drawn in the canonical form's shape (1, 1, M, N): the same uniforms, element for element.
+    if key is None:
+        return None
+    return jax.random.uniform(key, (1, 1, math.prod(shape[:-1]), shape[-1]), dtype).reshape(shape)
+
+
+def _backward_plain(spec: _Spec, residuals, g: jax.Array, key: jax.Array | None, dtypes):
+    qx, sx, qw, sw = residuals
+    x_dtype, w_dtype = dtypes
+    g = g.astype(sx.dtype)  # (*F, N)
+    free = tuple(range(g.ndim - 1))
+    kx, kw = (None, None) if key is None else jax.random.split(key)
+    fold_w = spec.rhs_scale == "column"
+    gx = g * _lift(sw, g.ndim) if fold_w else g
+    qgx, sgx = _cotangent_codes(gx, g.ndim - 1, _plain_noise(kx, gx.shape, gx.dtype))  # per row: (*F, 1)
+    dx = _idot(qgx, qw, (((g.ndim - 1,), (1,)), ((), ()))).astype(sx.dtype) * sgx  # (*F, K)
+    if not fold_w:
+        dx = dx * _lift(sw, dx.ndim)
+    fold_x = spec.lhs_scale == "row"
+    gw = sx * g if fold_x else g
+    s = _scale(gw, free, integer_range(GRAD_BITS, signed=True)[1])  # per column: (1, ..., 1, N)
+    qgw = _quantise(gw, s, GRAD_BITS, _plain_noise(kw, gw.shape, gw.dtype))
+    dw = _idot(qx, qgw, ((free, free), ((), ()))).astype(sx.dtype) * s.reshape(1, -1)  # (K, N)
+    if not fold_x:
+        dw = dw * sx.reshape(1, 1)
+    return dx.astype(x_dtype), dw.astype(w_dtype)
 
 
 # Why custom_vjp and not stejax's custom_jvp factory: a custom_jvp rule is linear in the tangents and
@@ -199,6 +272,13 @@ def _float_backward_tangent(x, w, *, tangents, spec):
     # ẏ = ṫx ŵ + x̂ ṫw with the dequantised operands x̂ = q_x s_x, ŵ = q_w s_w.
     spec = _Spec(*spec)
     tx, tw = tangents
+    if spec.plain:
+        qx, sx, qw, sw = _plain_codes(x, w, spec)
+        deq_x, deq_w = (qx.astype(sx.dtype) * sx).astype(x.dtype), (qw.astype(sw.dtype) * sw).astype(w.dtype)
+        dims = (((x.ndim - 1,), (0,)), ((), ()))
+        return jax.lax.dot_general(tx.astype(x.dtype), deq_w, dims) + jax.lax.dot_general(
+            deq_x, tw.astype(x.dtype), dims
+        )
     x4, w4 = _split(x, w, spec.groups)
     qx, sx, qw, sw = _operand_codes(x4, w4, spec)
     deq_x = (qx.astype(sx.dtype) * sx).reshape(x.shape).astype(x.dtype)
@@ -425,9 +505,13 @@ def integer_dot_general(
             f"{_NAME}: a sum of {max(k, m, n)} terms of up to {qmin * qmin} each (K = {k}, and M = {m}, N = {n} "
             f"for the backward products) could overflow int32; each must be at most {_INT32_MAX // (qmin * qmin)}."
         )
-    spec = _Spec(bits, lhs_scale, rhs_scale, groups, rounding)
-    x = jnp.transpose(lhs, lperm).reshape(b, m, k)
+    plain = not dims[1][0] and groups == 1
+    spec = _Spec(bits, lhs_scale, rhs_scale, groups, rounding, plain)
+    x = jnp.transpose(lhs, lperm)
+    # The plain form keeps lhs's free axes (see _forward_plain); the canonical one flattens them to M.
+    x = x.reshape(*x.shape[: lhs.ndim - len(dims[0][0])], k) if plain else x.reshape(b, m, k)
     w = jnp.transpose(rhs, rperm).reshape(b, k, n)
+    w = w[0] if plain else w
     if backward == "float":
         y = _float_backward(x, w, spec=tuple(spec))
     else:
