@@ -259,12 +259,18 @@ def test_vector_unit_logits_equal_the_xla_integer_path(artifacts, config, form):
 
     xla = load_lowbit(artifacts[config], ternary=form, implementation="xla").model
     tokens = jnp.asarray(np.random.default_rng(5).integers(0, 256, (1, 7)), jnp.uint8)  # 7 rows: the vector unit
+    x = jnp.asarray(np.random.default_rng(6).normal(size=(1, 7, TINY.width)), jnp.float32)
+    vpu = _with_kernels(xla, "vpu")
+    layers = [(a, b) for (_, a), (_, b) in zip(nnx.iter_modules(xla), nnx.iter_modules(vpu), strict=True)]
+    layers = [(a, b) for a, b in layers if isinstance(a, LowBitLinear) and a.in_features == TINY.width]
+    assert layers and all(is_vpu_layer(b) for _, b in layers)
+    for a, b in layers:  # each layer: the same integer sums, the same float rescaling, bit for bit
+        np.testing.assert_array_equal(jax.jit(lambda x, b=b: b(x))(x), jax.jit(lambda x, a=a: a(x))(x))
     want = np.asarray(_logits(nnx.split(xla), tokens))
-    got = np.asarray(_logits(nnx.split(_with_kernels(xla, "vpu")), tokens))
-    if config == "w4a8":
-        np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
-    else:
-        np.testing.assert_array_equal(got, want)
+    got = np.asarray(_logits(nnx.split(vpu), tokens))
+    # The whole model: XLA:CPU compiles the float parts (norms, softmax) of the two programs apart, so a logit
+    # may differ by float32 rounding although every layer's integer sums are the same.
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
 
 
 @pytest.mark.parametrize(

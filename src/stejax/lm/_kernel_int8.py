@@ -99,7 +99,7 @@ def _int8_accumulate(
     x = q.reshape(-1, k)
     rows = x.shape[0]
     if method == "vpu" and rows <= VPU_MOST_ROWS:
-        acc = field_sums(x, codes, per=1, bits=8, blocks=blocks, interpret=interpret, where="int8_accumulate")
+        acc = field_sums(x, codes, per=1, bits=8, offset=0, blocks=blocks, interpret=interpret, where="int8_accumulate")
         return acc.reshape(*lead, n)
     blocks = default_blocks(k, n) if blocks is None else blocks
     blocks.check(k, n, where="int8_accumulate")

@@ -125,17 +125,18 @@ def _ternary_accumulate(
     x = q.reshape(-1, k)
     rows = x.shape[0]
     if method == "vpu" and rows <= VPU_MOST_ROWS:
-        fields = field_sums(
+        # Each field holds code + 2: the kernel subtracts the offset's share (exact in int32).
+        acc = field_sums(
             x,
             packed.reshape(rows_k, n),
             per=PER,
             bits=2,
+            offset=2,
             blocks=blocks,
             interpret=interpret,
             where="ternary_accumulate",
         )
-        # Each field holds code + 2: the offset's share, exact in int32.
-        return (fields - 2 * jnp.sum(x.astype(jnp.int32), axis=1, keepdims=True)).reshape(*lead, n)
+        return acc.reshape(*lead, n)
     blocks = default_blocks(rows_k, n) if blocks is None else blocks
     blocks.check(rows_k, n, where="ternary_accumulate")
     padded = -(-rows // ROW_PAD) * ROW_PAD

@@ -8,11 +8,13 @@ cycles, so four MXUs at about 1.5 GHz take in some 7.7e11 weights a second whate
 vector operations can be bound by the bytes.
 
 The formulation (``method="vpu"``). The weights stay as they are resident: packed bytes ``(k / per, n)``,
-contraction along sublanes, columns along lanes. For each input row :math:`r` the wrapper prepares one
-int32 multiplier per packed row and field, and the kernel broadcasts it along the 128 lanes once per block
+contraction along sublanes, columns along lanes. For each input row :math:`r` the kernel makes one int32
+multiplier per packed row and field from the input codes and broadcasts it along the 128 lanes once per block
 (a sublane broadcast and a transpose of 128 x 128 words), so that a vreg of 8 packed rows x 128 columns is
 multiplied element by element by a vreg of its 8 rows' multipliers and added into an ``(8, block_n)``
-accumulator. The 8 sublanes of the accumulator are added in XLA after the kernel (an exact int32 sum).
+accumulator, whose 8 sublanes are added at the last block (an exact int32 sum). int8 and ternary calls run
+nothing but the kernel around it: each small XLA operation around a kernel costs about a microsecond a layer
+in the compiler's estimate, some 140 of them a step in the 1B model.
 
 Fields without masks. A byte :math:`u` (0..255, the stored bits) holds ``per`` fields :math:`f_s` of ``b``
 bits; with :math:`y_s = u \gg bs` (no mask: the higher fields ride along) and multipliers telescoped from
@@ -22,8 +24,8 @@ the inputs :math:`x_s` of the fields,
     c_0 = x_0, \quad c_s = x_s - 2^b x_{s-1}, \qquad \sum_s c_s y_s = \sum_s x_s f_s
 
 exactly (the higher fields' terms cancel). A field holds ``code + 2**(b-1)``: the offset is one integer per
-input row (ternary: :math:`-2 \sum_i x_i`) or per row and group (grouped), subtracted exactly. int8 weights
-have one field: the byte's sign-extended value is the code.
+input row (ternary: :math:`-2 \sum_i x_i`, added in the kernel) or per row and group (grouped, made by the
+wrapper), subtracted exactly. int8 weights have one field: the byte's sign-extended value is the code.
 
 Vector operations per weight, one input row (a VPU op processes one vreg of 8 x 128 32-bit words; v5e has no
 int8 ALU, so bytes are widened first; a row more adds one multiply and one add per weight):
@@ -220,12 +222,16 @@ def _padded_multipliers(c: jax.Array, bk: int) -> tuple[jax.Array, int]:
     return jnp.pad(c, ((0, 0), (0, bkp - c.shape[1]))), bkp
 
 
-def _broadcast_lanes(c_ref: Any, m_ref: Any) -> None:
-    """``m_ref[q, j, :] = c_ref[q, j]``: each multiplier along the 128 lanes (sublane broadcast, transpose)."""
-    for q in range(c_ref.shape[0]):
-        for a in range(c_ref.shape[1] // _LANES):
-            row = c_ref[q : q + 1, a * _LANES : (a + 1) * _LANES]
-            m_ref[q, a * _LANES : (a + 1) * _LANES, :] = jnp.broadcast_to(row, (_LANES, _LANES)).T
+def _broadcast_lanes(multipliers: Any, m_ref: Any) -> None:
+    """``m_ref[q, j, :] = multipliers[q][0, j]``: each multiplier along the 128 lanes (sublane broadcast, transpose).
+
+    ``multipliers``: a ref ``(q, bkp)`` or a list of ``(1, bkp)`` values, ``bkp`` a multiple of 128.
+    """
+    for q in range(len(multipliers) if isinstance(multipliers, list) else multipliers.shape[0]):
+        for a in range(m_ref.shape[1] // _LANES):
+            lanes = slice(a * _LANES, (a + 1) * _LANES)
+            row = multipliers[q][:, lanes] if isinstance(multipliers, list) else multipliers[q : q + 1, lanes]
+            m_ref[q, lanes, :] = jnp.broadcast_to(row, (_LANES, _LANES)).T
 
 
 def _columns(bn: int) -> list[tuple[int, int]]:
@@ -255,16 +261,40 @@ def _fields(block: jax.Array, per: int, bits: int) -> list[jax.Array]:
 
 
 def _fields_body(
-    c_ref: Any, w_ref: Any, out_ref: Any, m_ref: Any, *, rows: int, per: int, bits: int, chunk: int
+    x_ref: Any,
+    w_ref: Any,
+    out_ref: Any,
+    m_ref: Any,
+    acc_ref: Any,
+    *,
+    rows: int,
+    per: int,
+    bits: int,
+    chunk: int,
+    offset: int,
 ) -> None:
-    # c (rows * per, bkp) int32 multipliers; w (bk, bn) packed int8; out (rows, 8, bn) int32, resident over the
-    # contraction (the accumulator); m (rows * per, bkp, 128) int32: the multipliers along the lanes.
+    # x (per, rows, bkp) int8: the input codes of each field's packed rows; w (bk, bn) packed int8; out (rows,
+    # bn) int32; m (rows * per, bkp, 128) int32: the multipliers along the lanes; acc (rows, 8, bn) int32.
     @pl.when(pl.program_id(1) == 0)
     def _() -> None:
-        out_ref[...] = jnp.zeros_like(out_ref)
+        acc_ref[...] = jnp.zeros_like(acc_ref)
 
-    _broadcast_lanes(c_ref, m_ref)
+    xs = x_ref[...].astype(jnp.int32)
+    multipliers = []
+    for r in range(rows):
+        for s in range(per):
+            here = xs[s, r : r + 1, :]
+            multipliers.append(here if s == 0 else here - (xs[s - 1, r : r + 1, :] << bits))
+    _broadcast_lanes(multipliers, m_ref)
     bk, bn = w_ref.shape
+    if offset:  # each field holds code + offset: minus offset x the block's inputs, once per row
+        for r in range(rows):
+            total = jnp.zeros((1, 1), jnp.int32)
+            for s in range(per):
+                for a in range(0, xs.shape[2], _LANES):  # float32 sums of 128 codes: exact
+                    lanes = xs[s, r : r + 1, a : a + _LANES].astype(jnp.float32)
+                    total = total + jnp.sum(lanes, axis=1, keepdims=True).astype(jnp.int32)
+            acc_ref[r, 0:1, :] += jnp.broadcast_to(-offset * total, (1, bn))
 
     def step(t: Any, carry: Any) -> Any:
         r0 = _aligned(t, chunk)
@@ -280,21 +310,33 @@ def _fields_body(
                 folded = part[0:8]
                 for u in range(8, chunk, 8):  # the chunk's sublane tiles onto one: 8 packed rows a sublane
                     folded = folded + part[u : u + 8]
-                out_ref[r, :, c0 : c0 + width] += folded
+                acc_ref[r, :, c0 : c0 + width] += folded
         return carry
 
     _loop(bk // chunk, step)
 
+    @pl.when(pl.program_id(1) == pl.num_programs(1) - 1)
+    def _() -> None:
+        for r in range(rows):
+            out_ref[r : r + 1, :] = jnp.sum(acc_ref[r], axis=0, keepdims=True)  # the 8 sublanes: exact int32
+
 
 def field_sums(
-    x: jax.Array, packed: jax.Array, *, per: int, bits: int, blocks: Blocks | None, interpret: bool, where: str
+    x: jax.Array,
+    packed: jax.Array,
+    *,
+    per: int,
+    bits: int,
+    offset: int,
+    blocks: Blocks | None,
+    interpret: bool,
+    where: str,
 ) -> jax.Array:
-    r"""int32 ``(rows, n)``: :math:`\sum_j \sum_s x_{r, s R + j} f_s(j, o)` for packed bytes ``(R, n)``.
+    r"""int32 ``(rows, n)``: :math:`\sum_j \sum_s x_{r, s R + j} (f_s(j, o) - \text{offset})`, packed bytes ``(R, n)``.
 
-    ``R = k / per`` packed rows.
-
-    ``f_s`` is the unsigned field ``s`` of each byte (``per`` > 1), or the signed byte (``per == 1``); the
-    caller subtracts the fields' offset. ``x``: int8 ``(rows, k)``, at most :data:`VPU_MOST_ROWS` rows.
+    ``R = k / per`` packed rows; ``f_s`` is the unsigned field ``s`` of each byte (``per`` > 1), or the signed
+    byte (``per == 1``, ``offset`` 0). ``x``: int8 ``(rows, k)``, at most :data:`VPU_MOST_ROWS` rows. The
+    multipliers, their lane broadcast and the offset's share are made in the kernel from the input codes.
 
     Raises:
       ValueError: more rows than :data:`VPU_MOST_ROWS`, packed rows not a multiple of 8, or blocks that do
@@ -311,24 +353,30 @@ def field_sums(
     blocks.check(rows_k, n, where=where)
     bk, bn = blocks.block_k, blocks.block_n
     chunk = _CHUNK if bk % _CHUNK == 0 else bk
-    c, bkp = _padded_multipliers(_telescoped(x, k, per, bits), bk)
-    out = pl.pallas_call(
-        functools.partial(_fields_body, rows=rows, per=per, bits=bits, chunk=chunk),
+    xs = arrange_input(x, k, per)  # (per, rows, rows_k)
+    bkp = bk if bk % _LANES == 0 else -(-bk // _LANES) * _LANES  # bk is the whole axis here: one block
+    xs = jnp.pad(xs, ((0, 0), (0, 0), (0, bkp * (rows_k // bk) - rows_k)))
+    return pl.pallas_call(
+        functools.partial(_fields_body, rows=rows, per=per, bits=bits, chunk=chunk, offset=offset),
         grid=(n // bn, rows_k // bk),
-        in_specs=[pl.BlockSpec((q, bkp), lambda j, i: (0, i)), pl.BlockSpec((bk, bn), lambda j, i: (i, j))],
-        out_specs=pl.BlockSpec((rows, 8, bn), lambda j, i: (0, 0, j)),
-        out_shape=jax.ShapeDtypeStruct((rows, 8, n), jnp.int32),
-        scratch_shapes=[pltpu.VMEM((q, bkp, _LANES), jnp.int32)],
+        in_specs=[
+            pl.BlockSpec((per, rows, bkp), lambda j, i: (0, 0, i)),
+            pl.BlockSpec((bk, bn), lambda j, i: (i, j)),
+        ],
+        out_specs=pl.BlockSpec((rows, bn), lambda j, i: (0, j)),
+        out_shape=jax.ShapeDtypeStruct((rows, n), jnp.int32),
+        scratch_shapes=[pltpu.VMEM((q, bkp, _LANES), jnp.int32), pltpu.VMEM((rows, 8, bn), jnp.int32)],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "arbitrary"),
-            vmem_limit_bytes=_vmem(4 * q * bkp, bk * bn, 4 * rows * 8 * bn, scratch=4 * q * bkp * _LANES),
+            vmem_limit_bytes=_vmem(
+                per * 32 * bkp, bk * bn, 4 * 8 * bn, scratch=4 * q * bkp * _LANES + 4 * rows * 8 * bn
+            ),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * rows * k * n, transcendentals=0, bytes_accessed=rows_k * n + 4 * q * rows_k + 32 * rows * n
+            flops=2 * rows * k * n, transcendentals=0, bytes_accessed=rows_k * n + rows * k + 4 * rows * n
         ),
         interpret=interpret,
-    )(c, packed)
-    return jnp.sum(out, axis=1)  # the 8 sublanes' exact int32 partial sums
+    )(xs, packed)
 
 
 def _vmem(*blocks: int, scratch: int) -> int:
