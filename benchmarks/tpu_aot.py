@@ -49,7 +49,7 @@ def _counts(text: str) -> dict[str, int]:
     entry = text[text.rfind("\nENTRY ") :]
     return {
         "int8 dots": int8_dot_count(text),
-        "fusions": len(re.findall(r"= \S+ fusion\(", entry)),
+        "fusions": len(re.findall(r"= (?:\(.*?\)|\S+) fusion\(", entry)),  # multi-output ones too
         "converts": len(re.findall(r" convert\(", text)),
         "transposes": len(re.findall(r" transpose\(", text)),
         "copies": len(re.findall(r" copy(?:-start)?\(", text)),
