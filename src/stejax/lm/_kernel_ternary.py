@@ -9,9 +9,12 @@ int32; :class:`stejax.lm.LowBitLinear` divides it by the input and weight
 scales afterwards.
 
 The kernel reads a block of packed bytes from HBM (a quarter of the int8
-form's bytes), unpacks the four slices in VMEM with shifts and masks in int32,
-and multiplies each by its quarter of the inputs on the MXU (int8 by int8,
-int32 accumulation). :func:`ternary_accumulate_reference` unpacks with the same
+form's bytes), unpacks the four slices in VMEM and multiplies each by its
+quarter of the inputs on the MXU (int8 by int8, int32 accumulation). A block of
+whole int8 tiles (32 rows) is unpacked four bytes at a time: its 32-bit words
+shifted and masked (``(w >> 2s) & 0x03030303``) are the slice's fields as int8,
+in place, and the fields' +2 is subtracted as :math:`2 \sum_i q_i`; other
+blocks are widened to int32 and unpacked field by field. :func:`ternary_accumulate_reference` unpacks with the same
 function and multiplies with ``lax.dot_general``: the test oracle and the
 fallback wherever the kernel cannot run. ``method="vpu"`` multiplies up to 8
 rows on the vector unit instead, reading the same bytes
@@ -33,6 +36,7 @@ from stejax.lm._kernel_vpu import VPU_MOST_ROWS, field_sums, resolve_method
 __all__ = ["ternary_accumulate", "ternary_accumulate_reference", "ternary_kernel_fits"]
 
 PER = 4  # codes a byte
+_INT8_TILE = 32  # int8 rows of a vreg: a block of them is read as 32-bit words
 ROW_PAD = 32
 MOST_ROWS = 256
 
@@ -78,8 +82,21 @@ def _body(x_ref: jax.Array, w_ref: jax.Array, out_ref: jax.Array, acc_ref: jax.A
         acc_ref[...] = jnp.zeros_like(acc_ref)
 
     acc = acc_ref[...]
-    for s, codes in enumerate(unpack_slices(w_ref[...], 2)):
-        acc += int8_dot(x_ref[s], codes)
+    bk = w_ref.shape[0]
+    if bk % _INT8_TILE == 0:
+        # Four bytes a 32-bit word: one shift and one mask give a slice's fields (code + 2, 1..3) of four bytes at
+        # once, in place, read back as int8. The +2 of every field is taken off below.
+        words = pltpu.bitcast(w_ref[...], jnp.int32)
+        for s in range(PER):
+            acc += int8_dot(x_ref[s], pltpu.bitcast((words >> (2 * s)) & 0x03030303, jnp.int8))
+        for s in range(PER):
+            xs = x_ref[s].astype(jnp.int32)
+            for a in range(0, bk, 128):  # float32 sums of at most 128 codes: exact
+                part = jnp.sum(xs[:, a : a + 128].astype(jnp.float32), axis=1, keepdims=True)
+                acc -= 2 * part.astype(jnp.int32)
+    else:
+        for s, codes in enumerate(unpack_slices(w_ref[...], 2)):
+            acc += int8_dot(x_ref[s], codes)
     acc_ref[...] = acc
 
     @pl.when(pl.program_id(1) == pl.num_programs(1) - 1)
