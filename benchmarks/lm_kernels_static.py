@@ -8,8 +8,9 @@ static LLO profiles give the estimated cycles of the kernel and of the whole lay
 the rescaling around it included). The sum over one decoding step's layers (20 blocks of four
 ``2048 x 2048``, two ``2048 x 5632`` and one ``5632 x 2048`` products) is printed in microseconds at the chip's
 clock. Nothing runs and nothing is timed: these are the compiler's schedule, which models issue slots and DMA
-but not every stall (whole decoding steps with the MXU kernels measured about twice their estimate on a v5e),
-so only a TPU run (``benchmarks/lm_decode_device.sh``) decides.
+but not every stall (a v5e's measured 1B decoding steps, ``docs/results/lm_decode_device.json``, came near the
+estimate plus attention for ternary bytes unpacked one by one, and about 40% over it for int8, whose bytes the
+estimate reads faster than 819 GB/s allow), so only a TPU run (``benchmarks/lm_decode_device.sh``) decides.
 
 Needs ``libtpu`` of the version jax pins (jax 0.10.2: libtpu 0.0.42), outside the project's environment::
 

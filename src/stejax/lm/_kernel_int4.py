@@ -12,6 +12,11 @@ an exact int32 sum per group, then float32 products and sums over the groups
 **in the order** :math:`g = 0, 1, \ldots` (the kernel and the reference add them
 in that one order, so their results are identical, not merely close).
 
+A block of whole int8 tiles (32 packed rows) is unpacked four bytes at a time:
+its 32-bit words shifted and masked are a slice's unsigned fields as int8, in
+place, and each group's offset is subtracted as the offset times the group's
+input sum.
+
 The MXU multiplies a block of rows at once, not one group: the wrapper expands
 each input row into one row per group of the block (the row's codes in that
 group's columns, zeros elsewhere), so that one int8 product gives every group's
@@ -39,6 +44,7 @@ from stejax.lm._kernel_vpu import VPU_MOST_ROWS, grouped_vpu_sum, resolve_method
 __all__ = ["grouped_kernel_fits", "grouped_sum", "grouped_sum_reference"]
 
 ROW_PAD = 8  # input rows: a multiple of the float32 sublane tiling (the group sums are sliced by rows)
+_INT8_TILE = 32  # int8 rows of a vreg: a block of them is read as 32-bit words
 MOST_ROWS = 16  # more rows: the expanded input grows with rows x groups; XLA's product is used
 
 
@@ -104,10 +110,27 @@ def _body(
     def _() -> None:
         acc_ref[...] = jnp.zeros_like(acc_ref)
 
+    per, bk = 8 // bits, w_ref.shape[0]
     sums = None
-    for s, codes in enumerate(unpack_slices(w_ref[...], bits)):
-        product = int8_dot(x_ref[s], codes)
-        sums = product if sums is None else sums + product
+    if bk % _INT8_TILE == 0:
+        # Four bytes a 32-bit word: one shift and one mask give a slice's fields (code + offset, unsigned) of four
+        # bytes at once, in place, read back as int8; the offset of each group's fields is taken off below.
+        words = pltpu.bitcast(w_ref[...], jnp.int32)
+        mask = ((1 << bits) - 1) * 0x01010101
+        for s in range(per):
+            product = int8_dot(x_ref[s], pltpu.bitcast((words >> (bits * s)) & mask, jnp.int8))
+            sums = product if sums is None else sums + product
+        assert sums is not None
+        offset = 1 << (bits - 1)
+        for s in range(per):  # each expanded row holds one group's inputs: its sum times the offset
+            xs = x_ref[s].astype(jnp.int32)
+            for a in range(0, bk, 128):  # float32 sums of at most 128 codes: exact
+                part = jnp.sum(xs[:, a : a + 128].astype(jnp.float32), axis=1, keepdims=True)
+                sums = sums - offset * part.astype(jnp.int32)
+    else:
+        for s, codes in enumerate(unpack_slices(w_ref[...], bits)):
+            product = int8_dot(x_ref[s], codes)
+            sums = product if sums is None else sums + product
     assert sums is not None
     parts = sums.astype(jnp.float32)
     rows = acc_ref.shape[0]

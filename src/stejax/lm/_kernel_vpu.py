@@ -1,11 +1,11 @@
 r"""The low-bit products on the TPU's vector unit (VPU) for a few rows: no MXU, exact int32 sums.
 
 Why a second way to multiply. At batch 1 the MXU kernels push every 128 x 128 weight tile through a systolic
-array for one useful input row (padded to 8 or 32). Loading a tile's weights into an MXU takes about 128
-cycles, so four MXUs at about 1.5 GHz take in some 7.7e11 weights a second whatever their packing: about
-1.3 ms for the 1e9 weights of the 1B model, against 0.31 ms for its 2-bit bytes over the HBM (819 GB/s) and
-1.26 ms for its int8 bytes. Below the MXU's weight-load rate, only a product whose cost per weight is a few
-vector operations can be bound by the bytes.
+array for one useful input row (padded to 8 or 32). If loading a tile's weights into an MXU takes about 128
+cycles, four MXUs at about 1.5 GHz take in some 7.7e11 weights a second whatever their packing: about 1.3 ms
+for the 1e9 weights of the 1B model, against 0.31 ms for its 2-bit bytes over the HBM (819 GB/s) and 1.26 ms
+for its int8 bytes. A product whose cost per weight is a few vector operations would then be bound by the
+bytes instead.
 
 The formulation (``method="vpu"``). The weights stay as they are resident: packed bytes ``(k / per, n)``,
 contraction along sublanes, columns along lanes. For each input row :math:`r` the kernel makes one int32
@@ -55,12 +55,13 @@ The v5e compiler's schedule (compiled deviceless for a v5e, ``benchmarks/lm_kern
 vector ALU ops a cycle and keeps the inner loops ALU-bound: 32 packed rows x 2816 columns of ternary bytes
 (360,448 weights) in 294 cycles, of int8 bytes (90,112 weights) in 77. At 1e9 weights (the 1B model) that is
 about 0.55 ms of vector work for ternary and int8 alike, against 0.31 ms (ternary) and 1.26 ms (int8) of HBM
-reading at 819 GB/s: int8 bound by its bytes, ternary by the vector unit; the grouped forms add their group
-sums (about 2.7 ops a weight more). The same schedule puts the MXU kernels' estimates near the vector unit's
-(about 1.1 ms a step for ternary, 1.2 ms for int8), but whole decoding steps with the MXU kernels measured 2.0
-ms and 3.0 ms on a v5e (``docs/results/lm_decode_device.json``): the schedule does not model every MXU stall.
-Which is faster at batch 1 is for a TPU to say: ``benchmarks/lm_decode_device.sh`` measures both in one
-process.
+reading at 819 GB/s; the grouped forms add their group sums (about 2.7 ops a weight more). The same schedule
+does not bear the premise out: it estimates the MXU kernels below the vector unit's for every form (ternary,
+with its bytes unpacked four at a time in 32-bit words, at about 0.6 ms of kernels a step against 1.1 ms),
+and its estimate for ternary bytes unpacked one by one (1.7 ms of layers a step, the attention besides) is
+close to the step measured on a v5e with that unpacking (2.0 ms, ``docs/results/lm_decode_device.json``). The
+vector unit stays a second product to measure, not the default: ``benchmarks/lm_decode_device.sh`` measures
+both in one process.
 
 Exactness. Every product and sum is int32: :math:`|c_s| \le 128 + 2^b \cdot 128`, :math:`y_s < 256`, and the
 accumulated sums stay below :math:`2^{31}` for any contraction under :math:`2^{21}`. Grouped sums are added in
