@@ -12,10 +12,10 @@ but not every stall (a v5e's measured 1B decoding steps, ``docs/results/lm_decod
 estimate plus attention for ternary bytes unpacked one by one, and about 40% over it for int8, whose bytes the
 estimate reads faster than 819 GB/s allow), so only a TPU run (``benchmarks/lm_decode_device.sh``) decides.
 
-Needs ``libtpu`` of the version jax pins (jax 0.10.2: libtpu 0.0.42), outside the project's environment::
+Needs ``libtpu`` of the version jax pins (jax 0.10.2: libtpu 0.0.42), outside the environment's import path
+(``make setup`` installs it in ``.venv/tpu-compiler``)::
 
-    .venv/bin/pip install --target /tmp/tpusite "libtpu==0.0.42.*"
-    PYTHONPATH=/tmp/tpusite .venv/bin/python benchmarks/lm_kernels_static.py
+    PYTHONPATH=.venv/tpu-compiler .venv/bin/python benchmarks/lm_kernels_static.py
 """
 
 from __future__ import annotations

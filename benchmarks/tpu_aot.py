@@ -15,10 +15,9 @@ figures are the compiler's model, not a measurement; they show where one
 program moves more bytes or holds more instructions than another.
 
 Needs ``libtpu`` of the version jax pins (jax 0.10.2: libtpu 0.0.42), outside the
-project's environment, e.g.::
+project's environment's import path (``make setup`` installs it in ``.venv/tpu-compiler``)::
 
-    .venv/bin/pip install --target /tmp/tpusite "libtpu==0.0.42.*"
-    PYTHONPATH=/tmp/tpusite .venv/bin/python benchmarks/tpu_aot.py --width 1024
+    PYTHONPATH=.venv/tpu-compiler .venv/bin/python benchmarks/tpu_aot.py --width 1024
 
 ``--dump DIR`` writes each variant's optimised HLO text there.
 """
