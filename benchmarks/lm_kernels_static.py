@@ -3,7 +3,7 @@
 Deviceless ahead-of-time compilation (``jax.experimental.topologies``, a v5e 1x1 from ``libtpu`` alone): one
 :class:`stejax.lm.LowBitLinear` call of each of the 1B model's layer shapes (``2048 x 2048``, ``2048 x 5632``,
 ``5632 x 2048``; one input row, as in decoding at batch 1) is compiled for the chip with its kernels by
-``method="mxu"`` and by ``method="vpu"`` (:func:`stejax.lm._kernel_vpu.with_kernel_method`), and the compiler's
+``method="mxu"`` and by ``method="vpu"`` (:func:`stejax.lm._lowbit.with_kernel_method`), and the compiler's
 static LLO profiles give the estimated cycles of the kernel and of the whole layer (the input quantisation and
 the rescaling around it included). The sum over one decoding step's layers (20 blocks of four
 ``2048 x 2048``, two ``2048 x 5632`` and one ``5632 x 2048`` products) is printed in microseconds at the chip's
@@ -63,7 +63,7 @@ def main() -> None:
     from jax.sharding import SingleDeviceSharding
 
     from stejax.lm import LowBitLinear
-    from stejax.lm._kernel_vpu import with_kernel_method
+    from stejax.lm._lowbit import with_kernel_method
 
     topology = topologies.get_topology_desc(
         topology_name=args.topology, platform="tpu", chip_config_name="default", chips_per_host_bounds=(1, 1, 1)

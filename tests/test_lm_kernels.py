@@ -13,8 +13,8 @@ from stejax.lm._kernel_blocks import Blocks, default_blocks
 from stejax.lm._kernel_int4 import grouped_kernel_fits, grouped_sum, grouped_sum_reference
 from stejax.lm._kernel_int8 import int8_accumulate, int8_accumulate_reference, int8_kernel_fits
 from stejax.lm._kernel_ternary import ternary_accumulate, ternary_accumulate_reference, ternary_kernel_fits
-from stejax.lm._kernel_vpu import is_vpu_layer, kernel_method, vpu_blocks, with_kernel_method
-from stejax.lm._lowbit import lowbit_linear, pack_groups
+from stejax.lm._kernel_vpu import kernel_method, vpu_blocks
+from stejax.lm._lowbit import is_vpu_layer, lowbit_linear, pack_groups, with_kernel_method
 
 # Compiled Pallas TPU kernels need a TPU (v5e or newer: int8 on the MXU). Interpret mode stands in for them where
 # there is none; on a TPU (`make test-device`) the compiled kernel is the case: it checks against the same

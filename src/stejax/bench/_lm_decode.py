@@ -664,7 +664,7 @@ def random_model(
     (``nnx.eval_shape``), each parameter drawn on the device in its own type, and each quantised linear made
     directly as random integer codes (packed as :func:`stejax.lm._lowbit.pack_groups` packs them) and scales.
     ``implementation``: the layers' product (:class:`stejax.lm.LowBitLinear`), or ``"pallas-vpu"``: the Pallas
-    kernels multiplying a few rows on the vector unit (:func:`stejax.lm._kernel_vpu.with_kernel_method`).
+    kernels multiplying a few rows on the vector unit (:func:`stejax.lm._lowbit.with_kernel_method`).
     Returns the model and its parameter count (the float architecture's).
 
     Raises:
@@ -673,12 +673,11 @@ def random_model(
     from flax import nnx
 
     from stejax.lm import LMConfig, LowBitLinear, Transformer, quantised_paths
-    from stejax.lm._kernel_vpu import vpu_layer_class
-    from stejax.lm._lowbit import _set_module
+    from stejax.lm._lowbit import VpuLowBitLinear, _set_module
 
     layer_class: Any = LowBitLinear
     if implementation == "pallas-vpu":
-        layer_class, implementation = vpu_layer_class(), "pallas"
+        layer_class, implementation = VpuLowBitLinear, "pallas"
     if config is None and name not in LARGE:
         raise ValueError(f"random_model: model must be one of {sorted(LARGE)}; got {name!r}.")
     if form not in FORMS:
@@ -788,7 +787,8 @@ def _implementation(model: Any, rows: int) -> str:
     from flax import nnx
 
     from stejax.lm import LowBitLinear
-    from stejax.lm._kernel_vpu import VPU_MOST_ROWS, is_vpu_layer
+    from stejax.lm._kernel_vpu import VPU_MOST_ROWS
+    from stejax.lm._lowbit import is_vpu_layer
 
     layers = [m for _, m in nnx.iter_modules(model) if isinstance(m, LowBitLinear)]
     if not layers or not all(m._kernel(rows) for m in layers):

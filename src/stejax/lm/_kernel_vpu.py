@@ -90,12 +90,9 @@ __all__ = [
     "VPU_MOST_ROWS",
     "field_sums",
     "grouped_vpu_sum",
-    "is_vpu_layer",
     "kernel_method",
     "resolve_method",
     "vpu_blocks",
-    "vpu_layer_class",
-    "with_kernel_method",
 ]
 
 METHODS = ("mxu", "vpu")
@@ -127,7 +124,8 @@ def kernel_method(method: str) -> Iterator[None]:
     """Within it, the Pallas low-bit kernels called with ``method=None`` multiply by ``method``.
 
     The choice is read when a kernel call is traced. A function compiled outside it keeps its product; a
-    model whose layers should keep ``"vpu"`` in every compiled step is made by :func:`with_kernel_method`.
+    model whose layers should keep ``"vpu"`` in every compiled step is made by
+    :func:`stejax.lm._lowbit.with_kernel_method`.
 
     Raises:
       ValueError: a method other than ``"mxu"`` or ``"vpu"``.
@@ -139,56 +137,6 @@ def kernel_method(method: str) -> Iterator[None]:
         yield
     finally:
         _state.method = previous
-
-
-@functools.cache
-def vpu_layer_class() -> type:
-    """The :class:`stejax.lm.LowBitLinear` subclass whose calls trace under ``kernel_method("vpu")``."""
-    from stejax.lm._lowbit import LowBitLinear
-
-    class VpuLowBitLinear(LowBitLinear):
-        """A :class:`stejax.lm.LowBitLinear` whose Pallas kernels multiply on the vector unit at a few rows.
-
-        Its own class: a compiled step of a model holding it is cached apart from the MXU kernels' step.
-        """
-
-        def __call__(self, x: jax.Array) -> jax.Array:
-            with kernel_method("vpu"):
-                return super().__call__(x)
-
-    VpuLowBitLinear.__module__ = __name__
-    VpuLowBitLinear.__qualname__ = "VpuLowBitLinear"
-    return VpuLowBitLinear
-
-
-def with_kernel_method(model: Any, method: str) -> Any:
-    """A copy of ``model`` whose :class:`stejax.lm.LowBitLinear` layers run the Pallas kernels by ``method``.
-
-    ``"vpu"``: the vector-unit product wherever a call has at most :data:`VPU_MOST_ROWS` rows (decoding), the
-    MXU kernel otherwise; ``"mxu"``: the MXU kernels. The layers' ``implementation`` is set to ``"pallas"``
-    (the kernels, not XLA's product). The weights are shared with ``model``, not copied.
-
-    Raises:
-      ValueError: a method other than ``"mxu"`` or ``"vpu"``.
-    """
-    from flax import nnx
-
-    from stejax.lm._lowbit import LowBitLinear
-
-    resolve_method(method, "with_kernel_method")
-    vpu = vpu_layer_class()
-    graphdef, state = nnx.split(model)
-    copy = nnx.merge(graphdef, state)
-    for _, module in nnx.iter_modules(copy):
-        if isinstance(module, LowBitLinear):
-            module.implementation = "pallas"
-            module.__class__ = vpu if method == "vpu" else LowBitLinear
-    return copy
-
-
-def is_vpu_layer(module: Any) -> bool:
-    """Whether ``module`` is a layer made by :func:`with_kernel_method` with ``"vpu"``."""
-    return isinstance(module, vpu_layer_class())
 
 
 def vpu_blocks(rows_k: int, n: int, multipliers: int, *, multiple_k: int = 1) -> Blocks:

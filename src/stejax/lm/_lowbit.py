@@ -45,6 +45,7 @@ from stejax.lm._kernel_blocks import IMPLEMENTATIONS, kernel_backend
 from stejax.lm._kernel_int4 import grouped_kernel_fits, grouped_sum, grouped_sum_reference
 from stejax.lm._kernel_int8 import int8_accumulate, int8_accumulate_reference, int8_kernel_fits
 from stejax.lm._kernel_ternary import ternary_accumulate, ternary_accumulate_reference, ternary_kernel_fits
+from stejax.lm._kernel_vpu import kernel_method, resolve_method
 from stejax.lm._packing import unpack
 
 __all__ = ["TERNARY_FORMS", "LowBitLM", "LowBitLinear", "Resident", "load_lowbit", "lowbit_linear", "weight_bytes"]
@@ -232,6 +233,43 @@ def lowbit_linear(
         raise ValueError(f"lowbit: {bits}-bit weights need groups along the contraction axis; got group None.")
     form = "int4" if bits == 4 else "int2"
     return LowBitLinear(form, pack_groups(codes, config.group, bits), scale, **shape)
+
+
+class VpuLowBitLinear(LowBitLinear):
+    """A :class:`LowBitLinear` whose Pallas kernels multiply on the vector unit at a few rows.
+
+    Its own class: a compiled step of a model holding it is cached apart from the MXU kernels' step.
+    """
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        with kernel_method("vpu"):
+            return super().__call__(x)
+
+
+def with_kernel_method(model: Any, method: str) -> Any:
+    """A copy of ``model`` whose :class:`LowBitLinear` layers run the Pallas kernels by ``method``.
+
+    ``"vpu"``: the vector-unit product wherever a call has at most
+    :data:`stejax.lm._kernel_vpu.VPU_MOST_ROWS` rows (decoding), the MXU kernel otherwise; ``"mxu"``: the MXU
+    kernels. The layers' ``implementation`` is set to ``"pallas"`` (the kernels, not XLA's product). The weights
+    are shared with ``model``, not copied.
+
+    Raises:
+      ValueError: a method other than ``"mxu"`` or ``"vpu"``.
+    """
+    resolve_method(method, "with_kernel_method")
+    graphdef, state = nnx.split(model)
+    copy = nnx.merge(graphdef, state)
+    for _, module in nnx.iter_modules(copy):
+        if isinstance(module, LowBitLinear):
+            module.implementation = "pallas"
+            module.__class__ = VpuLowBitLinear if method == "vpu" else LowBitLinear
+    return copy
+
+
+def is_vpu_layer(module: Any) -> bool:
+    """Whether ``module`` is a layer made by :func:`with_kernel_method` with ``"vpu"``."""
+    return isinstance(module, VpuLowBitLinear)
 
 
 def weight_bytes(model: nnx.Module) -> dict[str, int]:
