@@ -5,13 +5,16 @@
 #
 #     OUT=tpu-out bash benchmarks/lm_decode_device.sh             # SET=kernels
 #     OUT=tpu-out SET=rest bash benchmarks/lm_decode_device.sh
+#     OUT=tpu-out SET=small bash benchmarks/lm_decode_device.sh
 #
-# SET=kernels (the default; at most 8.7 minutes on a TPU v5e, mostly compilation, about 60 s for each form of the
+# SET=kernels (the default; at most 8.1 minutes on a TPU v5e, mostly compilation, about 60 s for each form of the
 # 1B model): the compiled kernel tests (the MXU and the vector-unit products), then the 1B model at batch 1 in
-# bfloat16 and with 2-bit ternary, int8 and int4 resident weights, each low-bit form by the MXU kernels
-# (FORM@pallas) beside the vector-unit kernels (FORM@pallas-vpu) in one process.
-# SET=rest (about 6 minutes): the 1B model's int4 MXU kernels and bfloat16 at batches 16 and 64, and the 25M and
-# 350M models (float32, bfloat16, 2-bit ternary; batches 1 to 256).
+# bfloat16 and with 2-bit ternary and int8 resident weights, each low-bit form by the MXU kernels (FORM@pallas)
+# beside the vector-unit kernels (FORM@pallas-vpu) in one process.
+# SET=rest (about 7.5 minutes): the 1B model's int4 kernels (MXU and vector unit) and bfloat16 at batches 16 and
+# 64, and the 350M model (bfloat16, 2-bit ternary) at batch 1.
+# SET=small (about 3.5 minutes): the 25M model (float32, bfloat16, 2-bit ternary by the kernels and by XLA, and
+# the per-byte loop) at batch 1, and bfloat16 at batches 8 to 256.
 #
 # Each run merges its parts with docs/results/lm_decode_device.json as it stands (a row measured again replaces
 # the earlier one), writes that file and docs/img/lm_decode_device.png, and copies both into OUT. A part cut short
@@ -28,20 +31,24 @@ case "$SET" in
       -p no:cacheprovider tests/test_lm_kernels.py -k compiled 2>&1 | tail -15
     parts=(
       "185|--model 1B --forms bfloat16,ternary-2bit@pallas,ternary-2bit@pallas-vpu --batches 1 --tokens 64"
-      "185|--model 1B --forms int8@pallas,int8@pallas-vpu,int4@pallas-vpu --batches 1 --tokens 64"
+      "150|--model 1B --forms int8@pallas,int8@pallas-vpu --batches 1 --tokens 64"
     )
     ;;
   rest)
     parts=(
-      "80|--model 1B --forms int4@pallas --batches 1 --tokens 64"
-      "80|--model 1B --forms bfloat16 --batches 16,64 --tokens 64"
-      "90|--model 25M --forms float32,bfloat16,ternary-2bit@pallas,ternary-2bit@xla --batches 1 --tokens 128 --loop-bytes 32"
-      "40|--model 25M --forms bfloat16 --batches 8,64,256 --tokens 64"
-      "60|--model 350M --forms bfloat16,ternary-2bit@pallas --batches 1 --tokens 64"
+      "180|--model 1B --forms int4@pallas,int4@pallas-vpu --batches 1 --tokens 64"
+      "150|--model 1B --forms bfloat16 --batches 16,64 --tokens 64"
+      "100|--model 350M --forms bfloat16,ternary-2bit@pallas --batches 1 --tokens 64"
+    )
+    ;;
+  small)
+    parts=(
+      "130|--model 25M --forms float32,bfloat16,ternary-2bit@pallas,ternary-2bit@xla --batches 1 --tokens 128 --loop-bytes 32"
+      "90|--model 25M --forms bfloat16 --batches 8,64,256 --tokens 64"
     )
     ;;
   *)
-    echo "SET must be kernels or rest; got '$SET'" >&2
+    echo "SET must be kernels, rest or small; got '$SET'" >&2
     exit 2
     ;;
 esac
