@@ -10,6 +10,7 @@ from flax import nnx
 
 from stejax.lm import LMConfig, LowBitLinear, Transformer, decode, generate
 from stejax.lm._kernel_blocks import Blocks, default_blocks
+from stejax.lm._kernel_fused import FUSED_FORMS, fused_linear, fused_linear_reference, multiplier
 from stejax.lm._kernel_int4 import grouped_kernel_fits, grouped_sum, grouped_sum_reference
 from stejax.lm._kernel_int8 import int8_accumulate, int8_accumulate_reference, int8_kernel_fits
 from stejax.lm._kernel_ternary import ternary_accumulate, ternary_accumulate_reference, ternary_kernel_fits
@@ -107,6 +108,102 @@ def test_grouped_sums_are_exact_and_match_the_reference(bits, rows, k, n, interp
     got = grouped_sum(q, packed, scale, bits=bits, interpret=interpret, method=method)
     want = grouped_sum_reference(q, packed, scale, bits=bits)
     np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-6 * float(jnp.max(jnp.abs(want))))
+
+
+FUSED_SHAPES = [  # (rows, k, n, blocks over the (packed) codes): a 2 x 2 grid, one block, whole odd axes, 33 rows
+    (3, 512, 256, Blocks(256, 128)),
+    (1, 512, 128, None),
+    (5, 96, 64, None),
+    (33, 1024, 256, Blocks(128, 256)),
+]
+
+
+def _fused_layer(form: str, k: int, n: int, rng: np.random.Generator, bits: int = 8):
+    """Codes, the exported scale and the multiplier the fused kernel takes, for ``form``."""
+    if form == "int8":
+        codes = rng.integers(-128, 128, (k, n)).astype(np.int8)
+        codes[:, 0] = -128
+        scale = rng.uniform(0.001, 0.05, n).astype(np.float32)
+        resident = codes
+    else:
+        codes = rng.integers(-1, 2, (k, n)).astype(np.int8)
+        codes[:, 0] = 1
+        scale = np.float32(rng.uniform(20, 80))
+        resident = pack_groups(codes, k, 2) if form == "ternary-2bit" else codes
+    kind = "int8" if form == "int8" else "ternary"
+    return codes, scale, jnp.asarray(resident), jnp.asarray(multiplier(scale, kind, bits))
+
+
+def _fused_inputs(rows: int, k: int, rng: np.random.Generator) -> jax.Array:
+    """Float rows with the quantiser's corner cases: exact halves (round half to even), a zero row, huge values."""
+    x = rng.normal(0, 2, (rows, k)).astype(np.float32)
+    x[0, :8] = [127.0, 2.5, -2.5, 3.5, -0.5, 0.5, 126.5, -127.0]  # s_x = 1: the halves round to even
+    if rows > 1:
+        x[1] = 0.0  # absmax below the floor: every code 0
+    if rows > 2:
+        x[2] *= 1e6
+    return jnp.asarray(x)
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.parametrize("form", FUSED_FORMS)
+@pytest.mark.parametrize(("rows", "k", "n", "blocks"), FUSED_SHAPES)
+def test_fused_layer_equals_the_xla_path_bit_for_bit(rows, k, n, blocks, form, bits, interpret):
+    rng = np.random.default_rng(5)
+    codes, scale, resident, mult = _fused_layer(form, k, n, rng, bits)
+    x = _fused_inputs(rows, k, rng)
+    if form == "ternary-2bit" and blocks is not None:  # over the packed rows: a quarter of k
+        blocks = Blocks(max(128, blocks.block_k // 4), blocks.block_n)
+    got = fused_linear(x[None], resident, mult, form=form, bits=bits, blocks=blocks, interpret=interpret)
+    assert got.shape == (1, rows, n) and got.dtype == jnp.float32
+    want = fused_linear_reference(x[None], resident, mult, form=form, bits=bits)
+    np.testing.assert_array_equal(got, want)
+    # The integer forward: the artifact's codes (round half to even), exact int32 sums, then s_o / s_x (int8) or
+    # 1 / (s_x gamma^-1) (ternary), to float32 rounding of the rescale alone.
+    top = 2 ** (bits - 1) - 1
+    m = np.maximum(np.abs(np.asarray(x)).max(-1, keepdims=True), np.float32(1e-5))
+    q = np.clip(np.round(np.asarray(x) * (np.float32(top) / m)), -top - 1, top).astype(np.int64)
+    if bits == 8:
+        np.testing.assert_array_equal(q[0, :8], [127, 2, -2, 4, 0, 0, 126, -127])
+    acc = q @ codes.astype(np.int64)
+    s_x = np.float64(top) / m.astype(np.float64)
+    exact = acc * scale.astype(np.float64) / s_x if form == "int8" else acc / (s_x * np.float64(scale))
+    np.testing.assert_allclose(np.asarray(got[0], np.float64), exact, rtol=1e-6, atol=1e-6 * np.abs(exact).max())
+    if rows > 1:
+        assert not np.any(np.asarray(got[0, 1]))  # the zero row
+
+
+def test_a_fused_layer_is_one_kernel_call_and_bad_inputs_are_refused():
+    from stejax.lm._configs import CONFIGS
+
+    x = jnp.asarray(np.random.default_rng(6).normal(size=(1, 1, 256)), jnp.float32)
+    for config, ternary in (("w8a8", "int8"), ("w1.58a8", "2bit"), ("w1.58a8", "int8")):
+        scale = np.full(128, 0.01, np.float32) if config == "w8a8" else np.float32(3.0)
+        codes = np.random.default_rng(7).integers(-1, 2, (256, 128)).astype(np.int8)
+        layer = lowbit_linear(codes, scale, CONFIGS[config], ternary=ternary)
+        model = with_kernel_method(layer, "mxu")
+        model.interpret = True
+        outer = jax.make_jaxpr(model)(x).jaxpr
+        (call,) = [e for e in outer.eqns if e.primitive.name in ("pjit", "jit")]
+        inner = {e.primitive.name for e in call.params["jaxpr"].jaxpr.eqns}
+        # No XLA quantisation, padding or rescale around the kernel: only reshapes.
+        assert inner <= {"pallas_call", "reshape"} and "pallas_call" in inner, (config, ternary, inner)
+        np.testing.assert_array_equal(model(x), layer(x))  # the layer's XLA path (no TPU it has been verified on)
+    codes, scale = jnp.zeros((256, 128), jnp.int8), jnp.ones(128, jnp.float32)
+    with pytest.raises(
+        ValueError, match=r"fused_linear: form must be one of \('int8', 'ternary-int8', 'ternary-2bit'\)"
+    ):
+        fused_linear(x, codes, scale, form="int4")
+    with pytest.raises(
+        ValueError, match=r"fused_linear: expected a scale of shape \(\) for ternary-int8; got \(128,\)"
+    ):
+        fused_linear(x, codes, scale, form="ternary-int8")
+    with pytest.raises(ValueError, match=r"fused_linear: expected a float input and int8 codes; got int8 and int8"):
+        fused_linear(x.astype(jnp.int8), codes, scale, form="int8")
+    with pytest.raises(ValueError, match=r"fused_linear: x's last axis \(255\) must equal the kernel's rows \(256\)"):
+        fused_linear(x[..., :255], codes, scale, form="int8")
+    with pytest.raises(ValueError, match=r"fused_linear: input bits must be 8 or 4; got 2"):
+        fused_linear(x, codes, scale, form="int8", bits=2)
 
 
 @pytest.mark.parametrize(

@@ -24,6 +24,7 @@ from jax.experimental import pallas as pl
 from jax.experimental import topologies
 from jax.sharding import SingleDeviceSharding
 
+from stejax.lm._kernel_fused import FUSED_FORMS, fused_linear
 from stejax.lm._kernel_int4 import grouped_sum
 from stejax.lm._kernel_int8 import int8_accumulate
 from stejax.lm._kernel_ternary import ternary_accumulate
@@ -42,7 +43,7 @@ def _bare_int8_dot(x: jax.Array, w: jax.Array) -> jax.Array:
 
 
 def cases(place: SingleDeviceSharding):
-    """(name, function, abstract arguments) for every kernel, method and shape."""
+    """(name, function, abstract arguments) for every kernel, method and shape, and the fused layers."""
 
     def arg(shape, dtype):
         return jax.ShapeDtypeStruct(shape, dtype, sharding=place)
@@ -63,6 +64,15 @@ def cases(place: SingleDeviceSharding):
                     (lambda q, p, s, m=method, b=bits: grouped_sum(q, p, s, bits=b, method=m)),
                     (q, arg((k // 32, 32 * bits // 8, n), jnp.int8), arg((k // 32, n), jnp.float32)),
                 )
+        # The whole layer in one kernel (float rows in, float rows out), for each form it takes.
+        for form in FUSED_FORMS:
+            codes = arg((1, k // 4, n) if form == "ternary-2bit" else (k, n), jnp.int8)
+            scale = arg((n,) if form == "int8" else (), jnp.float32)
+            yield (
+                f"fused {form} {rows}x{k}x{n}",
+                (lambda x, c, s, f=form: fused_linear(x, c, s, form=f)),
+                (arg((1, rows, k), jnp.float32), codes, scale),
+            )
     yield "control: bare int8 jnp.dot", _bare_int8_dot, (arg((128, 128), jnp.int8), arg((128, 128), jnp.int8))
 
 

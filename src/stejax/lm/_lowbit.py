@@ -42,10 +42,11 @@ from flax import nnx
 
 from stejax.lm._configs import LMQuant
 from stejax.lm._kernel_blocks import IMPLEMENTATIONS, kernel_backend
+from stejax.lm._kernel_fused import fused_kernel_fits, fused_linear, multiplier, quantise_rows, rescale
 from stejax.lm._kernel_int4 import grouped_kernel_fits, grouped_sum, grouped_sum_reference
 from stejax.lm._kernel_int8 import int8_accumulate, int8_accumulate_reference, int8_kernel_fits
 from stejax.lm._kernel_ternary import ternary_accumulate, ternary_accumulate_reference, ternary_kernel_fits
-from stejax.lm._kernel_vpu import kernel_method, resolve_method
+from stejax.lm._kernel_vpu import VPU_MOST_ROWS, kernel_method, resolve_method
 from stejax.lm._packing import unpack
 
 __all__ = ["TERNARY_FORMS", "LowBitLM", "LowBitLinear", "Resident", "load_lowbit", "lowbit_linear", "weight_bytes"]
@@ -83,13 +84,6 @@ def pack_groups(codes: np.ndarray, group: int, bits: int) -> np.ndarray:
     return packed.view(np.int8)
 
 
-def _quantise_input(x: jax.Array, bits: int) -> tuple[jax.Array, jax.Array]:
-    """Per-token absmax codes (int8) and scale ``s_x`` (float32, keepdims), as the artifact's input quantiser."""
-    top = 2 ** (bits - 1) - 1
-    s = top / jnp.maximum(jnp.max(jnp.abs(x), axis=-1, keepdims=True), jnp.float32(1e-5))
-    return jnp.clip(jnp.round(x * s), -top - 1, top).astype(jnp.int8), s
-
-
 def _lead(a: jax.Array, ndim: int) -> jax.Array:
     """``a`` with leading axes of size 1 up to ``ndim`` (broadcasting is explicit in this package)."""
     return a.reshape((1,) * (ndim - a.ndim) + a.shape)
@@ -113,11 +107,17 @@ class LowBitLinear(nnx.Module):
     Args:
       form: ``"int8"``, ``"int4"``, ``"int2"``, ``"ternary-int8"`` or ``"ternary-2bit"``.
       codes: the resident codes (:func:`lowbit_linear` makes them from integer codes).
-      scale: float32: ``(out,)`` for int8, ``(groups, out)`` for int4 and int2, ``()`` for ternary.
+      scale: float32: ``(out,)`` for int8, ``(groups, out)`` for int4 and int2, ``()`` for ternary. For int8 and
+        ternary weights the layer keeps the weight side of its rescale instead
+        (:func:`stejax.lm._kernel_fused.multiplier`: :math:`s_o / t`, or :math:`1 / (\\gamma^{-1} t)`, made on the
+        host): the step multiplies the int32 sums by it and by the input rows' maxima, where the formulas above
+        divide by :math:`s_x` (the same value to float32 rounding).
       in_features, out_features: the kernel's shape.
       input_bits: 8 or 4: the per-token input codes.
       implementation: the integer product: ``"xla"`` (``lax.dot_general``), ``"pallas"`` (stejax's Pallas TPU
-        kernels for int8, grouped int4 and int2, and 2-bit ternary weights), or None: the kernel
+        kernels for int8, grouped int4 and int2, and 2-bit ternary weights; for int8 and ternary weights one
+        kernel does the whole layer, the input's quantisation and the rescale included,
+        :mod:`stejax.lm._kernel_fused`), or None: the kernel
         where the backend is a TPU generation on which the kernels have matched their references
         (none yet) and the shape suits it (a few rows, as in
         decoding), else XLA. The two give the same int32 sums; int8 and ternary logits are identical, grouped
@@ -149,6 +149,12 @@ class LowBitLinear(nnx.Module):
         self.implementation = implementation
         self.interpret = interpret
         self.codes = Resident(_on_device(codes))
+        if form in ("int8", "ternary-int8", "ternary-2bit"):
+            # The weight side of the rescale, made on the host (stejax.lm._kernel_fused.multiplier): the step
+            # multiplies by it and the row maximum, a product every compiler keeps as written.
+            scale = multiplier(np.asarray(scale, np.float32), "int8" if form == "int8" else "ternary", input_bits)
+            if form == "int8":  # (1, out): the kernel's block layout, which (out,) is not on a TPU
+                scale = scale.reshape(1, out_features)
         self.scale = Resident(_on_device(scale, jnp.float32))
 
     def _kernel(self, rows: int) -> bool:
@@ -168,23 +174,27 @@ class LowBitLinear(nnx.Module):
         return grouped_kernel_fits(rows, k, n, k // self.codes.shape[0], bits)
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        q, s = _quantise_input(x.astype(jnp.float32), self.input_bits)
         codes, scale = self.codes[...], self.scale[...]
-        kernel = self._kernel(math.prod(q.shape[:-1]))
+        rows = math.prod(x.shape[:-1])
+        kernel = self._kernel(rows)
+        fused = self.form in ("int8", "ternary-int8", "ternary-2bit")
+        if fused and kernel and not (resolve_method(None, "LowBitLinear") == "vpu" and rows <= VPU_MOST_ROWS):
+            if fused_kernel_fits(rows, self.in_features, self.out_features, self.form):
+                # One kernel: the input's quantisation, the integer product and the rescale.
+                return fused_linear(x, codes, scale, form=self.form, bits=self.input_bits, interpret=self.interpret)
+        qf, m = quantise_rows(x.astype(jnp.float32), self.input_bits)
+        q = qf.astype(jnp.int8)
         if self.form in ("int8", "ternary-int8"):
-            acc = (
-                int8_accumulate(q, codes, interpret=self.interpret) if kernel else int8_accumulate_reference(q, codes)
-            ).astype(jnp.float32)
-            if self.form == "int8":
-                return acc * _lead(scale, acc.ndim) / s
-            return acc / (s * _lead(scale, acc.ndim))
+            acc = int8_accumulate(q, codes, interpret=self.interpret) if kernel else int8_accumulate_reference(q, codes)
+            return rescale(acc, m, _lead(scale, acc.ndim), "int8" if self.form == "int8" else "ternary")
         if self.form == "ternary-2bit":
             acc = (
                 ternary_accumulate(q, codes, interpret=self.interpret)
                 if kernel
                 else ternary_accumulate_reference(q, codes)
-            ).astype(jnp.float32)
-            return acc / (s * _lead(scale, acc.ndim))
+            )
+            return rescale(acc, m, scale, "ternary")
+        s = (2 ** (self.input_bits - 1) - 1) / m
         bits = 4 if self.form == "int4" else 2
         if kernel:
             return grouped_sum(q, codes, scale, bits=bits, interpret=self.interpret) / s
