@@ -10,7 +10,14 @@ from flax import nnx
 
 from stejax.lm import LMConfig, LowBitLinear, Transformer, decode, generate
 from stejax.lm._kernel_blocks import Blocks, default_blocks
-from stejax.lm._kernel_fused import FUSED_FORMS, fused_linear, fused_linear_reference, multiplier
+from stejax.lm._kernel_fused import (
+    FUSED_FORMS,
+    fused_blocks,
+    fused_kernel_fits,
+    fused_linear,
+    fused_linear_reference,
+    multiplier,
+)
 from stejax.lm._kernel_int4 import grouped_kernel_fits, grouped_sum, grouped_sum_reference
 from stejax.lm._kernel_int8 import int8_accumulate, int8_accumulate_reference, int8_kernel_fits
 from stejax.lm._kernel_ternary import ternary_accumulate, ternary_accumulate_reference, ternary_kernel_fits
@@ -284,6 +291,12 @@ def test_default_blocks_and_the_kernel_or_xla_predicates():
     assert int8_kernel_fits(1, 2048, 5632) and not int8_kernel_fits(1024, 2048, 5632)
     assert ternary_kernel_fits(8, 2048, 5632) and not ternary_kernel_fits(8, 2046, 5632)
     assert grouped_kernel_fits(16, 2048, 5632, 32, 4) and not grouped_kernel_fits(17, 2048, 5632, 32, 4)
+    # The fused layer's blocks: the largest of at most 3 MiB that leave two grid steps, ties to the longer block_k.
+    assert fused_blocks(512, 2048) == Blocks(512, 1024)  # 2048 x 2048 ternary: two column blocks, not one
+    assert fused_blocks(1408, 2048) == Blocks(1408, 1024)  # 5632 x 2048 ternary: no multiple of 128 below 1408
+    assert fused_blocks(2048, 5632) == Blocks(2048, 1408)  # int8: 2.75 MiB, four steps
+    assert fused_blocks(64, 128) == Blocks(64, 128)  # too small for two steps: one block
+    assert fused_kernel_fits(1, 2048, 5632, "ternary-2bit") and not fused_kernel_fits(257, 2048, 5632, "int8")
 
 
 def test_automatic_choice_is_xla_off_tpu_and_an_unknown_implementation_is_refused():
