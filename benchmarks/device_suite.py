@@ -68,6 +68,8 @@ class Counter:
         self.seconds: collections.Counter[str] = collections.Counter()
         self.collected: list[str] = []
         self.module = "(collection)"
+        self.test = "(collection)"
+        self.test_programs: collections.Counter[str] = collections.Counter()
         self.programs: collections.Counter[str] = collections.Counter()
         self.compile_seconds: collections.Counter[str] = collections.Counter()
         self.cache_hits: collections.Counter[str] = collections.Counter()
@@ -75,6 +77,7 @@ class Counter:
     def listen(self, event: str, duration_secs: float, **_: Any) -> None:
         if event == COMPILE_EVENT:
             self.programs[self.module] += 1
+            self.test_programs[self.test] += 1
             self.compile_seconds[self.module] += duration_secs
 
     def listen_event(self, event: str, **_: Any) -> None:
@@ -83,6 +86,7 @@ class Counter:
 
     def pytest_runtest_logstart(self, nodeid: str, location: object) -> None:
         self.module = nodeid.split("::", 1)[0]
+        self.test = nodeid
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         self.collected = [item.nodeid for item in session.items]
@@ -163,6 +167,9 @@ def main(argv: list[str] | None = None) -> int:
         f"{programs} programs: {compiles} compiled, {hits} read from the persistent cache "
         f"({sum(counter.compile_seconds.values()):.0f} s)"
     )
+    print("The tests that built the most programs (a module-scoped fixture counts for its first test):")
+    for nodeid, n in counter.test_programs.most_common(30):
+        print(f"  {n:5d} {nodeid}")
     for row in rows:
         print(
             f"  {row['module']}: {row['seconds']:.0f} s, {row['programs']} programs: {row['compiles']} compiled, "

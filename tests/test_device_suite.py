@@ -27,6 +27,7 @@ def test_the_counter_gives_each_module_its_compilations():
     counter.pytest_collection_finish(type("S", (), {"items": [type("I", (), {"nodeid": "tests/test_a.py::one"})]}))
     (row,) = counter.rows()
     assert counter.programs == {"(collection)": 1, "tests/test_a.py": 2}
+    assert counter.test_programs == {"(collection)": 1, "tests/test_a.py::one": 2}
     assert {k: row[k] for k in ("programs", "compiles", "cache_hits", "compile_seconds")} == {
         "programs": 2,
         "compiles": 1,
