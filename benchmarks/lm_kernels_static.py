@@ -10,8 +10,8 @@ in microseconds at the chip's clock. The variants of a form:
 
 - ``separate``: the product kernel (``method="mxu"``) with the input's int8 quantisation and the rescale as XLA
   operations around it;
-- ``fused``: the layer's kernel path for int8 and ternary weights, one Pallas call that quantises the float input,
-  multiplies and rescales (:mod:`stejax.lm._kernel_fused`);
+- ``fused``: the layer's kernel path, one Pallas call that quantises the float input, multiplies and rescales
+  (:mod:`stejax.lm._kernel_fused`; for int4 weights it also arranges the input codes by group in VMEM);
 - ``fused, q/k/v and gate/up concatenated``: the fused kernel over the products that share an input taken as one
   (``2048 x 6144`` and ``2048 x 11264``), four calls a block instead of seven (an estimate of that layout; the
   model keeps its seven products);
@@ -83,6 +83,7 @@ def main() -> None:
 
     from stejax.lm import LowBitLinear
     from stejax.lm._kernel_fused import quantise_rows, rescale
+    from stejax.lm._kernel_int4 import grouped_sum
     from stejax.lm._kernel_int8 import int8_accumulate
     from stejax.lm._kernel_ternary import ternary_accumulate
     from stejax.lm._lowbit import with_kernel_method
@@ -109,6 +110,8 @@ def main() -> None:
             def __call__(self, x: jax.Array) -> jax.Array:
                 qf, m = quantise_rows(x.astype(jnp.float32), self.input_bits)
                 q, codes = qf.astype(jnp.int8), self.codes[...]
+                if self.form == "int4":
+                    return grouped_sum(q, codes, self.scale[...], bits=4, method="mxu") * m
                 if self.form == "int8":
                     acc = int8_accumulate(q, codes, method="mxu")
                     return rescale(acc, m, self.scale[...].reshape(1, 1, -1), "int8")
@@ -135,10 +138,10 @@ def main() -> None:
     print(f"static estimates on {kind}: one row, the 1B model's layer shapes (cycles: kernel / layer)")
     rows = []
     for form in ("ternary-2bit", "int8", "int4"):
-        names = ("separate", "fused", "concatenated", "vpu") if form != "int4" else ("mxu", "vpu")
+        names = ("separate", "fused", "concatenated", "vpu")
         for name in names:
             shapes = CONCATENATED if name == "concatenated" else SHAPES
-            make = variants["fused" if name in ("concatenated", "mxu") else name]
+            make = variants["fused" if name == "concatenated" else name]
             found = [estimate(make(form, k, n), k) for k, n, _ in shapes]
             kernels, layers = (
                 BLOCKS * sum(f[i] * count for f, (_, _, count) in zip(found, shapes, strict=True)) / CLOCK_HZ

@@ -12,10 +12,16 @@ from stejax.lm import LMConfig, LowBitLinear, Transformer, decode, generate
 from stejax.lm._kernel_blocks import Blocks, default_blocks
 from stejax.lm._kernel_fused import (
     FUSED_FORMS,
+    GROUPED_FORMS,
     fused_blocks,
+    fused_grouped_blocks,
+    fused_grouped_fits,
+    fused_grouped_linear,
+    fused_grouped_reference,
     fused_kernel_fits,
     fused_linear,
     fused_linear_reference,
+    grouped_multiplier,
     multiplier,
 )
 from stejax.lm._kernel_int4 import grouped_kernel_fits, grouped_sum, grouped_sum_reference
@@ -180,6 +186,61 @@ def test_fused_layer_equals_the_xla_path_bit_for_bit(rows, k, n, blocks, form, b
         assert not np.any(np.asarray(got[0, 1]))  # the zero row
 
 
+GROUPED_SHAPES = [  # (rows, k, n, blocks over the packed bytes): a 2 x 2 int4 grid, one block, 3 groups, 16 rows
+    (3, 512, 256, Blocks(128, 128)),
+    (1, 512, 128, None),
+    (5, 96, 64, None),
+    (16, 1024, 256, Blocks(128, 256)),
+]
+
+
+def _grouped_layer(form: str, k: int, n: int, rng: np.random.Generator, exact: bool):
+    """Codes, group scales and the packed bytes of a grouped layer; ``exact``: powers of two (multipliers)."""
+    bits = 4 if form == "int4" else 2
+    top = 1 << (bits - 1)
+    codes = rng.integers(-top, top, (k, n))
+    codes[:32, 0] = -top
+    if exact:
+        scale = np.exp2(rng.integers(-12, -2, (k // 32, n))).astype(np.float32)
+    else:
+        scale = rng.uniform(0.001, 0.1, (k // 32, n)).astype(np.float32)
+    return codes, scale, jnp.asarray(pack_groups(codes, 32, bits))
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.parametrize("form", GROUPED_FORMS)
+@pytest.mark.parametrize(("rows", "k", "n", "blocks"), GROUPED_SHAPES)
+def test_fused_grouped_layer_equals_the_xla_path(rows, k, n, blocks, form, bits, interpret):
+    rng = np.random.default_rng(8)
+    x = _fused_inputs(rows, k, rng)
+    # Scales that are powers of two: every product of a group sum and its scale is exact in float32, so a fused
+    # multiply-add rounds as a product and a sum do, and the kernel equals the XLA path bit for bit (a wrong
+    # arrangement, expansion or offset would show).
+    codes, mult, packed = _grouped_layer(form, k, n, rng, exact=True)
+    got = fused_grouped_linear(x[None], packed, mult, form=form, bits=bits, blocks=blocks, interpret=interpret)
+    assert got.shape == (1, rows, n) and got.dtype == jnp.float32
+    reference = jax.jit(lambda x: fused_grouped_reference(x, packed, mult, form=form, bits=bits))
+    np.testing.assert_array_equal(got, reference(x[None]))
+    np.testing.assert_array_equal(got, fused_grouped_reference(x[None], packed, mult, form=form, bits=bits))
+    # Real scales: the same float32 products and sums in the same order, but XLA:CPU contracts a product and the
+    # running sum into one fused multiply-add inside whichever fusion holds them, and the interpreted kernel and
+    # the reference are fused apart: equal to float32 rounding.
+    codes, scale, packed = _grouped_layer(form, k, n, rng, exact=False)
+    mult = jnp.asarray(grouped_multiplier(scale, bits))
+    got = fused_grouped_linear(x[None], packed, mult, form=form, bits=bits, blocks=blocks, interpret=interpret)
+    want = jax.jit(lambda x: fused_grouped_reference(x, packed, mult, form=form, bits=bits))(x[None])
+    np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-6 * float(jnp.max(jnp.abs(want))))
+    # The integer forward: the artifact's codes, exact int32 group sums, then sum_g s_g acc_g / s_x.
+    top = 2 ** (bits - 1) - 1
+    m = np.maximum(np.abs(np.asarray(x)).max(-1, keepdims=True), np.float32(1e-5))
+    q = np.clip(np.round(np.asarray(x) * (np.float32(top) / m)), -top - 1, top).astype(np.int64)
+    acc = np.stack([q[:, g * 32 : (g + 1) * 32] @ codes[g * 32 : (g + 1) * 32] for g in range(k // 32)])
+    exact = np.einsum("grn,gn->rn", acc.astype(np.float64), scale.astype(np.float64)) * m / top
+    np.testing.assert_allclose(np.asarray(got[0], np.float64), exact, rtol=1e-5, atol=1e-5 * np.abs(exact).max())
+    if rows > 1:
+        assert not np.any(np.asarray(got[0, 1]))  # the zero row
+
+
 def test_a_fused_layer_is_one_kernel_call_and_bad_inputs_are_refused():
     from stejax.lm._configs import CONFIGS
 
@@ -196,6 +257,18 @@ def test_a_fused_layer_is_one_kernel_call_and_bad_inputs_are_refused():
         # No XLA quantisation, padding or rescale around the kernel: only reshapes.
         assert inner <= {"pallas_call", "reshape"} and "pallas_call" in inner, (config, ternary, inner)
         np.testing.assert_array_equal(model(x), layer(x))  # the layer's XLA path (no TPU it has been verified on)
+    for config in ("w4a8", "w2a8", "w4a4"):  # grouped weights; multipliers that are powers of two: exact products
+        bits = CONFIGS[config].weight_bits
+        codes = np.random.default_rng(7).integers(-(1 << (bits - 1)), 1 << (bits - 1), (256, 128))
+        layer = lowbit_linear(codes, np.ones((8, 128), np.float32), CONFIGS[config])
+        layer.scale[...] = jnp.exp2(jax.random.randint(jax.random.key(8), (8, 128), -10, -2).astype(jnp.float32))
+        model = with_kernel_method(layer, "mxu")
+        model.interpret = True
+        outer = jax.make_jaxpr(model)(x).jaxpr
+        (call,) = [e for e in outer.eqns if e.primitive.name in ("pjit", "jit")]
+        inner = {e.primitive.name for e in call.params["jaxpr"].jaxpr.eqns}
+        assert inner <= {"pallas_call", "reshape"} and "pallas_call" in inner, (config, inner)
+        np.testing.assert_array_equal(model(x), layer(x))
     codes, scale = jnp.zeros((256, 128), jnp.int8), jnp.ones(128, jnp.float32)
     with pytest.raises(
         ValueError, match=r"fused_linear: form must be one of \('int8', 'ternary-int8', 'ternary-2bit'\)"
@@ -211,6 +284,21 @@ def test_a_fused_layer_is_one_kernel_call_and_bad_inputs_are_refused():
         fused_linear(x[..., :255], codes, scale, form="int8")
     with pytest.raises(ValueError, match=r"fused_linear: input bits must be 8 or 4; got 2"):
         fused_linear(x, codes, scale, form="int8", bits=2)
+    packed, scales = jnp.zeros((8, 16, 128), jnp.int8), jnp.ones((8, 128), jnp.float32)  # int4, groups of 32
+    with pytest.raises(ValueError, match=r"fused_linear: form must be one of \('int4', 'int2'\); got 'int8'"):
+        fused_grouped_linear(x, packed, scales, form="int8")
+    with pytest.raises(ValueError, match=r"fused_linear: expected scales of shape \(8, 128\); got \(128,\)"):
+        fused_grouped_linear(x, packed, scales[0], form="int4")
+    with pytest.raises(ValueError, match=r"fused_linear: x's last axis \(255\) must equal groups x group \(256\)"):
+        fused_grouped_linear(x[..., :255], packed, scales, form="int4")
+    with pytest.raises(ValueError, match=r"fused_linear: input bits must be 8 or 4; got 2"):
+        fused_grouped_linear(x, packed, scales, form="int4", bits=2)
+    with pytest.raises(ValueError, match=r"fused_linear: expected packed bytes of shape \(groups, group / per, n\)"):
+        fused_grouped_linear(x, packed[0], scales, form="int4")
+    with pytest.raises(ValueError, match=r"fused_linear: a group's packed rows must be a power of two; got 24"):
+        fused_grouped_linear(x[..., :240], jnp.zeros((5, 24, 128), jnp.int8), scales[:5], form="int4")
+    with pytest.raises(ValueError, match=r"fused_linear: block_k=64 must be a multiple of 128 or equal packed rows"):
+        fused_grouped_linear(x, packed, scales, form="int4", blocks=Blocks(64, 128), interpret=True)
 
 
 @pytest.mark.parametrize(
@@ -297,6 +385,15 @@ def test_default_blocks_and_the_kernel_or_xla_predicates():
     assert fused_blocks(2048, 5632) == Blocks(2048, 1408)  # int8: 2.75 MiB, four steps
     assert fused_blocks(64, 128) == Blocks(64, 128)  # too small for two steps: one block
     assert fused_kernel_fits(1, 2048, 5632, "ternary-2bit") and not fused_kernel_fits(257, 2048, 5632, "int8")
+    # Grouped weights: 16 groups a block (256 packed int4 rows, 128 int2 ones) by the widest columns within 2 MiB.
+    assert fused_grouped_blocks(64, 32, 5632, "int4") == Blocks(256, 5632)
+    assert fused_grouped_blocks(176, 32, 2048, "int4") == Blocks(256, 2048)  # 5632 x 2048
+    assert fused_grouped_blocks(176, 32, 2048, "int2") == Blocks(128, 2048)
+    assert fused_grouped_blocks(64, 32, 11264, "int4") == Blocks(256, 5632)  # 2.75 MiB whole: half the columns
+    assert fused_grouped_blocks(8, 32, 128, "int4") == Blocks(128, 128)  # 8 groups: all there are
+    assert fused_grouped_blocks(3, 32, 64, "int4") == Blocks(48, 64)  # no multiple of 128: the whole axes
+    assert fused_grouped_fits(16, 2048, 5632, 32, "int4") and not fused_grouped_fits(17, 2048, 5632, 32, "int4")
+    assert not fused_grouped_fits(1, 2048, 5632, 48, "int4")  # 24 packed rows a group: not a power of two
 
 
 def test_automatic_choice_is_xla_off_tpu_and_an_unknown_implementation_is_refused():

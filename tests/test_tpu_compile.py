@@ -44,9 +44,10 @@ def compiled() -> dict[str, dict]:
 def test_every_kernel_compiles_for_a_tpu_v5e_under_the_highest_default_precision(compiled):
     kernels = {name: line for name, line in compiled.items() if not name.startswith("control")}
     # int8, ternary, int4 and int2; the MXU and the vector-unit methods; three shapes. And the fused layers: int8,
-    # ternary-int8 and ternary-2bit weights; three shapes.
-    assert len(kernels) == 4 * 2 * 3 + 3 * 3
-    assert sum(name.startswith("fused ") for name in kernels) == 3 * 3
+    # ternary-int8, ternary-2bit, grouped int4 and int2 weights; three shapes.
+    assert len(kernels) == 4 * 2 * 3 + 5 * 3
+    assert sum(name.startswith("fused ") for name in kernels) == 5 * 3
+    assert sum(name.startswith(("fused int4 ", "fused int2 ")) for name in kernels) == 2 * 3
     failed = {name: line["error"] for name, line in kernels.items() if not line["compiled"]}
     assert not failed, json.dumps(failed, indent=1)
 

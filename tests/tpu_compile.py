@@ -24,7 +24,7 @@ from jax.experimental import pallas as pl
 from jax.experimental import topologies
 from jax.sharding import SingleDeviceSharding
 
-from stejax.lm._kernel_fused import FUSED_FORMS, fused_linear
+from stejax.lm._kernel_fused import FUSED_FORMS, GROUPED_FORMS, fused_grouped_linear, fused_linear
 from stejax.lm._kernel_int4 import grouped_sum
 from stejax.lm._kernel_int8 import int8_accumulate
 from stejax.lm._kernel_ternary import ternary_accumulate
@@ -72,6 +72,13 @@ def cases(place: SingleDeviceSharding):
                 f"fused {form} {rows}x{k}x{n}",
                 (lambda x, c, s, f=form: fused_linear(x, c, s, form=f)),
                 (arg((1, rows, k), jnp.float32), codes, scale),
+            )
+        for form in GROUPED_FORMS:  # grouped weights: groups of 32 along the contraction axis
+            packed = arg((k // 32, 32 * (4 if form == "int4" else 2) // 8, n), jnp.int8)
+            yield (
+                f"fused {form} {rows}x{k}x{n}",
+                (lambda x, c, s, f=form: fused_grouped_linear(x, c, s, form=f)),
+                (arg((1, rows, k), jnp.float32), packed, arg((k // 32, n), jnp.float32)),
             )
     yield "control: bare int8 jnp.dot", _bare_int8_dot, (arg((128, 128), jnp.int8), arg((128, 128), jnp.int8))
 

@@ -42,7 +42,16 @@ from flax import nnx
 
 from stejax.lm._configs import LMQuant
 from stejax.lm._kernel_blocks import IMPLEMENTATIONS, kernel_backend
-from stejax.lm._kernel_fused import fused_kernel_fits, fused_linear, multiplier, quantise_rows, rescale
+from stejax.lm._kernel_fused import (
+    fused_grouped_fits,
+    fused_grouped_linear,
+    fused_kernel_fits,
+    fused_linear,
+    grouped_multiplier,
+    multiplier,
+    quantise_rows,
+    rescale,
+)
 from stejax.lm._kernel_int4 import grouped_kernel_fits, grouped_sum, grouped_sum_reference
 from stejax.lm._kernel_int8 import int8_accumulate, int8_accumulate_reference, int8_kernel_fits
 from stejax.lm._kernel_ternary import ternary_accumulate, ternary_accumulate_reference, ternary_kernel_fits
@@ -111,17 +120,20 @@ class LowBitLinear(nnx.Module):
         ternary weights the layer keeps the weight side of its rescale instead
         (:func:`stejax.lm._kernel_fused.multiplier`: :math:`s_o / t`, or :math:`1 / (\\gamma^{-1} t)`, made on the
         host): the step multiplies the int32 sums by it and by the input rows' maxima, where the formulas above
-        divide by :math:`s_x` (the same value to float32 rounding).
+        divide by :math:`s_x` (the same value to float32 rounding). For int4 and int2 weights it keeps
+        :math:`s_{go} / t` (:func:`stejax.lm._kernel_fused.grouped_multiplier`): the step scales each group's
+        int32 sums by it, adds them in the order of the groups and multiplies by the row maxima.
       in_features, out_features: the kernel's shape.
       input_bits: 8 or 4: the per-token input codes.
       implementation: the integer product: ``"xla"`` (``lax.dot_general``), ``"pallas"`` (stejax's Pallas TPU
-        kernels for int8, grouped int4 and int2, and 2-bit ternary weights; for int8 and ternary weights one
-        kernel does the whole layer, the input's quantisation and the rescale included,
-        :mod:`stejax.lm._kernel_fused`), or None: the kernel
+        kernels for int8, grouped int4 and int2, and 2-bit ternary weights; one kernel does the whole layer, the
+        input's quantisation and the rescale included, :mod:`stejax.lm._kernel_fused`, where the shape suits
+        it: grouped weights at most 16 rows), or None: the kernel
         where the backend is a TPU generation on which the kernels have matched their references
         (none yet) and the shape suits it (a few rows, as in
         decoding), else XLA. The two give the same int32 sums; int8 and ternary logits are identical, grouped
-        int4 and int2 ones equal to float32 rounding (the group scales' sums, compiled apart).
+        int4 and int2 ones equal to float32 rounding (a CPU compiler may fuse a group scale's product and the
+        running sum into one multiply-add in one program and not in the other).
       interpret: run the kernels in Pallas interpret mode (any backend; for tests).
 
     Raises:
@@ -155,6 +167,8 @@ class LowBitLinear(nnx.Module):
             scale = multiplier(np.asarray(scale, np.float32), "int8" if form == "int8" else "ternary", input_bits)
             if form == "int8":  # (1, out): the kernel's block layout, which (out,) is not on a TPU
                 scale = scale.reshape(1, out_features)
+        elif form in ("int4", "int2"):  # s_go / t: the step multiplies the scaled group sums by the row maxima
+            scale = grouped_multiplier(np.asarray(scale, np.float32), input_bits)
         self.scale = Resident(_on_device(scale, jnp.float32))
 
     def _kernel(self, rows: int) -> bool:
@@ -178,10 +192,15 @@ class LowBitLinear(nnx.Module):
         rows = math.prod(x.shape[:-1])
         kernel = self._kernel(rows)
         fused = self.form in ("int8", "ternary-int8", "ternary-2bit")
-        if fused and kernel and not (resolve_method(None, "LowBitLinear") == "vpu" and rows <= VPU_MOST_ROWS):
-            if fused_kernel_fits(rows, self.in_features, self.out_features, self.form):
-                # One kernel: the input's quantisation, the integer product and the rescale.
+        if kernel and not (resolve_method(None, "LowBitLinear") == "vpu" and rows <= VPU_MOST_ROWS):
+            # One kernel: the input's quantisation, the integer product and the rescale.
+            k, n = self.in_features, self.out_features
+            if fused and fused_kernel_fits(rows, k, n, self.form):
                 return fused_linear(x, codes, scale, form=self.form, bits=self.input_bits, interpret=self.interpret)
+            if not fused and fused_grouped_fits(rows, k, n, k // codes.shape[0], self.form):
+                return fused_grouped_linear(
+                    x, codes, scale, form=self.form, bits=self.input_bits, interpret=self.interpret
+                )
         qf, m = quantise_rows(x.astype(jnp.float32), self.input_bits)
         q = qf.astype(jnp.int8)
         if self.form in ("int8", "ternary-int8"):
@@ -194,11 +213,10 @@ class LowBitLinear(nnx.Module):
                 else ternary_accumulate_reference(q, codes)
             )
             return rescale(acc, m, scale, "ternary")
-        s = (2 ** (self.input_bits - 1) - 1) / m
         bits = 4 if self.form == "int4" else 2
         if kernel:
-            return grouped_sum(q, codes, scale, bits=bits, interpret=self.interpret) / s
-        return grouped_sum_reference(q, codes, scale, bits=bits) / s
+            return grouped_sum(q, codes, scale, bits=bits, interpret=self.interpret) * m
+        return grouped_sum_reference(q, codes, scale, bits=bits) * m
 
 
 def lowbit_linear(
