@@ -70,12 +70,17 @@ class Counter:
         self.module = "(collection)"
         self.test = "(collection)"
         self.test_programs: collections.Counter[str] = collections.Counter()
+        self.names: collections.Counter[str] = collections.Counter()
+        self.name_seconds: collections.Counter[str] = collections.Counter()
         self.programs: collections.Counter[str] = collections.Counter()
         self.compile_seconds: collections.Counter[str] = collections.Counter()
         self.cache_hits: collections.Counter[str] = collections.Counter()
 
-    def listen(self, event: str, duration_secs: float, **_: Any) -> None:
+    def listen(self, event: str, duration_secs: float, **kwargs: Any) -> None:
         if event == COMPILE_EVENT:
+            name = str(kwargs.get("fun_name", "?"))
+            self.names[name] += 1
+            self.name_seconds[name] += duration_secs
             self.programs[self.module] += 1
             self.test_programs[self.test] += 1
             self.compile_seconds[self.module] += duration_secs
@@ -167,6 +172,9 @@ def main(argv: list[str] | None = None) -> int:
         f"{programs} programs: {compiles} compiled, {hits} read from the persistent cache "
         f"({sum(counter.compile_seconds.values()):.0f} s)"
     )
+    print("The programs built most often, by name:")
+    for name, n in counter.names.most_common(30):
+        print(f"  {n:5d} {counter.name_seconds[name]:7.1f} s  {name}")
     print("The tests that built the most programs (a module-scoped fixture counts for its first test):")
     for nodeid, n in counter.test_programs.most_common(30):
         print(f"  {n:5d} {nodeid}")
