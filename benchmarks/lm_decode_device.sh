@@ -5,14 +5,16 @@
 #
 #     OUT=tpu-out bash benchmarks/lm_decode_device.sh             # SET=kernels
 #     OUT=tpu-out SET=rest bash benchmarks/lm_decode_device.sh
+#     OUT=tpu-out SET=vpu bash benchmarks/lm_decode_device.sh
 #     OUT=tpu-out SET=small bash benchmarks/lm_decode_device.sh
 #
-# SET=kernels (the default; at most 8.1 minutes on a TPU v5e, mostly compilation, about 60 s for each form of the
-# 1B model): the compiled kernel tests (the MXU and the vector-unit products), then the 1B model at batch 1 in
-# bfloat16 and with 2-bit ternary and int8 resident weights, each low-bit form by the MXU kernels (FORM@pallas)
-# beside the vector-unit kernels (FORM@pallas-vpu) in one process.
-# SET=rest (about 7.5 minutes): the 1B model's int4 kernels (MXU and vector unit) and bfloat16 at batches 16 and
-# 64, and the 350M model (bfloat16, 2-bit ternary) at batch 1.
+# SET=kernels (the default; at most 8.3 minutes on a TPU v5e, mostly compilation, about 60 s for each form of the
+# 1B model): the compiled kernel tests, then the 1B model at batch 1 in bfloat16 and with 2-bit ternary, int8 and
+# int4 resident weights, each low-bit layer one Pallas call (FORM@pallas).
+# SET=rest (about 8 minutes): the 1B model in bfloat16 at batches 16 and 64, and the 350M model at batch 1 in
+# bfloat16 and every low-bit form.
+# SET=vpu (about 6 minutes): the 1B model's low-bit forms by the vector-unit kernels (FORM@pallas-vpu), which
+# quantise the input and rescale the output outside the kernel.
 # SET=small (about 3.5 minutes): the 25M model (float32, bfloat16, 2-bit ternary by the kernels and by XLA, and
 # the per-byte loop) at batch 1, and bfloat16 at batches 8 to 256.
 #
@@ -30,15 +32,19 @@ case "$SET" in
     timeout 150 python3 -m pytest -q -o addopts="" -o filterwarnings="ignore::UserWarning" --import-mode=importlib \
       -p no:cacheprovider tests/test_lm_kernels.py -k compiled 2>&1 | tail -15
     parts=(
-      "185|--model 1B --forms bfloat16,ternary-2bit@pallas,ternary-2bit@pallas-vpu --batches 1 --tokens 64"
-      "150|--model 1B --forms int8@pallas,int8@pallas-vpu --batches 1 --tokens 64"
+      "185|--model 1B --forms bfloat16,ternary-2bit@pallas,int8@pallas --batches 1 --tokens 64"
+      "120|--model 1B --forms int4@pallas --batches 1 --tokens 64"
     )
     ;;
   rest)
     parts=(
-      "180|--model 1B --forms int4@pallas,int4@pallas-vpu --batches 1 --tokens 64"
       "150|--model 1B --forms bfloat16 --batches 16,64 --tokens 64"
-      "100|--model 350M --forms bfloat16,ternary-2bit@pallas --batches 1 --tokens 64"
+      "200|--model 350M --forms bfloat16,ternary-2bit@pallas,int8@pallas,int4@pallas --batches 1 --tokens 64"
+    )
+    ;;
+  vpu)
+    parts=(
+      "185|--model 1B --forms ternary-2bit@pallas-vpu,int8@pallas-vpu,int4@pallas-vpu --batches 1 --tokens 64"
     )
     ;;
   small)
@@ -48,7 +54,7 @@ case "$SET" in
     )
     ;;
   *)
-    echo "SET must be kernels, rest or small; got '$SET'" >&2
+    echo "SET must be kernels, rest, vpu or small; got '$SET'" >&2
     exit 2
     ;;
 esac
