@@ -65,16 +65,19 @@ def test_the_plain_form_is_the_canonical_form_bit_for_bit(lhs_scale, rhs_scale, 
     key = jax.random.key(3) if rounding == "stochastic" else None
     plain = module._Spec(8, lhs_scale, rhs_scale, 1, rounding, True)
     canonical = plain._replace(plain=False)
-    y_p, res_p = module._forward(jnp.asarray(x), jnp.asarray(w), plain)
-    y_c, res_c = module._forward(jnp.asarray(x).reshape(1, 64, 64), jnp.asarray(w)[None], canonical)
-    np.testing.assert_array_equal(y_p, y_c.reshape(4, 16, 48))
+    # Each form's forward and backward as one compiled program (the same operations, not one eager program each).
+    forward = jax.jit(module._forward, static_argnums=2)
+    backward = jax.jit(module._backward, static_argnums=(0, 4))
+    y_p, res_p = forward(x, w, plain)
+    y_c, res_c = forward(x.reshape(1, 64, 64), w[None], canonical)
+    np.testing.assert_array_equal(np.asarray(y_p), np.asarray(y_c).reshape(4, 16, 48))
     for a, b in zip(res_p, res_c, strict=True):
         np.testing.assert_array_equal(np.asarray(a).ravel(), np.asarray(b).ravel())
-    dx_p, dw_p = module._backward(plain, res_p, jnp.asarray(g), key, (jnp.float32, jnp.float32))
-    dx_c, dw_c = module._backward(canonical, res_c, jnp.asarray(g).reshape(1, 64, 48), key, (jnp.float32,) * 2)
+    dx_p, dw_p = (np.asarray(d) for d in backward(plain, res_p, g, key, (jnp.float32, jnp.float32)))
+    dx_c, dw_c = (np.asarray(d) for d in backward(canonical, res_c, g.reshape(1, 64, 48), key, (jnp.float32,) * 2))
     np.testing.assert_array_equal(dx_p, dx_c.reshape(4, 16, 64))
     np.testing.assert_array_equal(dw_p, dw_c[0])
-    assert float(jnp.abs(dx_p).max()) > 0 and float(jnp.abs(dw_p).max()) > 0
+    assert np.abs(dx_p).max() > 0 and np.abs(dw_p).max() > 0
     # And through the public function, against the NumPy reference.
     options = {"rounding": rounding, "key": key} if key is not None else {}
     result = check_integer_product(x, w, LINEAR, lhs_scale=lhs_scale, rhs_scale=rhs_scale, **options)
@@ -86,9 +89,10 @@ def test_batch_axes_attention_scores_match_the_reference():
     q, k = rng.standard_normal((2, 5, 3, 8)).astype(np.float32), rng.standard_normal((2, 7, 3, 8)).astype(np.float32)
     result = check_integer_product(q, k, (((3,), (3,)), ((0, 2), (0, 2))))
     assert result.ok and result.lhs_grad_error < NEAREST_BOUND, result
-    y = integer_einsum("bqhd,bkhd->bhqk", q, k)
+    y = jax.jit(lambda a, c: integer_einsum("bqhd,bkhd->bhqk", a, c))(q, k)
     # dot_general's output order (batch b, h; then q; then k) is already the einsum's "bhqk".
-    np.testing.assert_array_equal(y, integer_dot_general(q, k, (((3,), (3,)), ((0, 2), (0, 2)))))
+    dot = jax.jit(lambda a, c: integer_dot_general(a, c, (((3,), (3,)), ((0, 2), (0, 2)))))(q, k)
+    np.testing.assert_array_equal(np.asarray(y), np.asarray(dot))
     assert y.shape == (2, 3, 5, 7)
 
 
@@ -111,16 +115,21 @@ def test_forward_mode_is_refused_with_the_alternative_named():
     x, w = _operands()
     with pytest.raises(TypeError, match=r"backward='int8'.*no forward mode.*backward='float'.*fake_quant"):
         jax.jvp(lambda a: integer_dot_general(a, w, LINEAR), (x,), (x,))
+
     # backward="float" has a forward mode: the straight-through tangent, equal to the transpose's gradient.
-    tangent = jax.jvp(lambda a: integer_dot_general(a, w, LINEAR, backward="float").sum(), (x,), (jnp.ones_like(x),))[1]
-    grad = jax.grad(lambda a: integer_dot_general(a, w, LINEAR, backward="float").sum())(x)
-    np.testing.assert_allclose(tangent, grad.sum(), rtol=1e-5)
+    def total(a):
+        return integer_dot_general(a, w, LINEAR, backward="float").sum()
+
+    tangent = jax.jit(lambda a, t: jax.jvp(total, (a,), (t,))[1])(x, np.ones_like(x))
+    grad_sum = jax.jit(lambda a: jax.grad(total)(a).sum())(x)
+    np.testing.assert_allclose(np.asarray(tangent), np.asarray(grad_sum), rtol=1e-5)
 
 
 def test_scan_checkpoint_and_vmap_compose_with_the_declared_backward():
     dims = (((1,), (0,)), ((), ()))
-    x = jax.random.normal(jax.random.key(0), (8, 16))
-    ws = jax.random.normal(jax.random.key(1), (3, 16, 16))
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((8, 16)).astype(np.float32)
+    ws = rng.standard_normal((3, 16, 16)).astype(np.float32)
 
     def layers(x, ws, remat):
         def layer(h, w):
@@ -139,13 +148,19 @@ def test_scan_checkpoint_and_vmap_compose_with_the_declared_backward():
     def row_grad(row):
         return jax.grad(lambda r: integer_dot_general(r[None], ws[0], dims).sum())(row)
 
-    np.testing.assert_array_equal(jax.jit(jax.vmap(row_grad))(x), jnp.stack([row_grad(r) for r in x]))
+    # The reference: one row at a time, unbatched (one compiled program for all eight rows).
+    one_row = jax.jit(row_grad)
+    np.testing.assert_array_equal(np.asarray(jax.jit(jax.vmap(row_grad))(x)), np.stack([one_row(r) for r in x]))
 
 
 def test_outputs_and_cotangents_follow_the_input_dtype():
     x, w = (a.astype(jnp.bfloat16) for a in _operands())
-    y, vjp = jax.vjp(lambda a, b: integer_dot_general(a, b, LINEAR), x, w)
-    dx, dw = vjp(jnp.ones_like(y))
+
+    def forward_and_backward(a, b):
+        y, vjp = jax.vjp(lambda a, b: integer_dot_general(a, b, LINEAR), a, b)
+        return (y, *vjp(jnp.ones_like(y)))
+
+    y, dx, dw = jax.jit(forward_and_backward)(x, w)
     assert (y.dtype, dx.dtype, dw.dtype) == (jnp.bfloat16,) * 3
 
 
@@ -178,7 +193,7 @@ def test_einsum_subscripts_outside_the_supported_form_are_refused():
 
 def test_rules_take_a_product_kind():
     model = nnx.Sequential(nnx.Linear(8, 16, rngs=nnx.Rngs(0)), nnx.relu, nnx.Linear(16, 4, rngs=nnx.Rngs(1)))
-    x = jnp.asarray(np.random.default_rng(0).standard_normal((6, 8)), jnp.float32)
+    x = jax.device_put(np.random.default_rng(0).standard_normal((6, 8)).astype(np.float32))
 
     def loss(m):
         return jnp.mean(m(x) ** 2)
@@ -190,16 +205,21 @@ def test_rules_take_a_product_kind():
     losses, grads = {}, {}
     for p, m in models.items():
         losses[p], grads[p] = value_and_grad(m)
-    assert losses["int8"] == losses["int8-forward"]  # one forward
-    a, b = (jnp.concatenate([g.ravel() for g in jax.tree.leaves(grads[p])]) for p in ("int8", "int8-forward"))
-    assert 0 < float(jnp.linalg.norm(a - b) / jnp.linalg.norm(b)) < LM_GRADIENT_BOUND
+    assert float(losses["int8"]) == float(losses["int8-forward"])  # one forward
+
+    @jax.jit
+    def relative_error(declared, forward_only):
+        a, b = (jnp.concatenate([g.ravel() for g in jax.tree.leaves(t)]) for t in (declared, forward_only))
+        return jnp.linalg.norm(a - b) / jnp.linalg.norm(b)
+
+    assert 0 < float(relative_error(grads["int8"], grads["int8-forward"])) < LM_GRADIENT_BOUND
     with pytest.raises(ValueError, match=r"product must be one of \['fake-quant', 'int8-forward', 'int8'\]"):
         Rule(product="int4")
     with pytest.raises(ValueError, match=r"gradient_rounding='stochastic' rounds the int8 cotangent"):
         Rule(weights=Quant("lsq", bits=8), gradient_rounding="stochastic")
     conv = nnx.Conv(3, 4, (3, 3), rngs=nnx.Rngs(0))
     with pytest.raises(ValueError, match=r"product='int8' covers products written with dot_general or einsum; a conv"):
-        quantize_model(conv, [Rule(product="int8")], jnp.ones((1, 5, 5, 3)))
+        quantize_model(conv, [Rule(product="int8")], np.ones((1, 5, 5, 3), np.float32))
 
 
 def test_lm_integer_configurations():
@@ -227,7 +247,7 @@ def _batches(stream: np.ndarray, n: int, batch: int, seed: int) -> np.ndarray:
 
 def test_the_lm_gradient_on_a_real_batch_is_close_to_the_straight_through_one(corpus):
     (batch,) = _batches(corpus.data["train"], 1, 16, seed=0)
-    x, y = jnp.asarray(batch[:, :-1]), jnp.asarray(batch[:, 1:].astype(np.int32))
+    x, y = jax.device_put(batch[:, :-1]), jax.device_put(batch[:, 1:].astype(np.int32))
     model = Transformer(TINY, rngs=nnx.Rngs(params=0))
 
     def loss_for(product):
@@ -265,7 +285,8 @@ def _train_bpb(config, train: np.ndarray, validation: np.ndarray, steps: int = 2
         (p, _), _ = jax.lax.scan(step, (p, optimizer.init(p)), batches)
         return loss(p, held_out)
 
-    batches, held_out = jnp.asarray(_batches(train, steps, 8, seed=1)), jnp.asarray(_batches(validation, 1, 64, 2)[0])
+    batches = jax.device_put(_batches(train, steps, 8, seed=1))
+    held_out = jax.device_put(_batches(validation, 1, 64, 2)[0])
     with jax.numpy_dtype_promotion("standard"):  # optax.adam mixes its int32 step count with Python floats
         nats = run(params, batches, held_out)
     return float(nats) / math.log(2)
