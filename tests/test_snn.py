@@ -437,10 +437,14 @@ def test_first_spike_accuracy_spike_stats_and_regularizer():
 # ----------------------------------------------------------------------------- the network
 
 
+# The networks' input spikes, one program for both network tests (the encoder's own checks are tested above).
+_rate_jit = jax.jit(rate, static_argnums=1)
+
+
 def test_network_trains_a_step_with_finite_gradients_under_jit():
     net = NetConfig(8, 3, hidden=(6, 5), spike="sigmoid")
     params = init_net(net, key=jax.random.key(0))
-    x = rate(np.full((4, 8), 0.5, np.float32), 6, key=jax.random.key(1))
+    x = _rate_jit(np.full((4, 8), 0.5, np.float32), 6, key=jax.random.key(1))
     out = jax.jit(lambda p, x: forward(net, p, x))(params, x)
     assert out.traces.shape == (6, 4, 3) and [s.shape for s in out.spikes] == [(6, 4, 6), (6, 4, 5)]
     g = jax.jit(jax.grad(lambda p: ce_mean_membrane(forward(net, p, x).traces, jnp.array([0, 1, 2, 0]))))(params)
@@ -461,7 +465,7 @@ def test_network_trains_a_step_with_finite_gradients_under_jit():
 def test_lif_readout_puts_every_weight_behind_a_spike():
     # The comparison's network: a spiking output layer read by its counts. Without a
     # surrogate no parameter at all gets gradient (the integrator readout above still learns).
-    x = rate(np.full((4, 8), 0.6, np.float32), 6, key=jax.random.key(1))
+    x = _rate_jit(np.full((4, 8), 0.6, np.float32), 6, key=jax.random.key(1))
     y = np.array([0, 1, 2, 0], np.int32)
     plain = NetConfig(8, 3, hidden=(6, 5), spike="no_surrogate", readout="lif", readout_drive=4.0)
     params = init_net(plain, key=jax.random.key(0))
@@ -520,12 +524,16 @@ def test_nnx_modules_delegate_to_the_pure_steps():
         "integrator": (snn_nnx.LeakyIntegrator(N, decay=0.75), "integrator"),
     }
     for name, (module, pure) in modules.items():
-        _, out = module.run(xs)
+        # One program per module: its run over the sequence and its first step.
+        out, step_out = nnx.jit(lambda m, xs, x0: (m.run(xs)[1], m(m.init_state((B, N)), x0)[1]))(module, xs, x0)
         if pure is not None:  # the same parameters as the pure neuron of _neurons(): the same outputs, bit for bit
             neuron, params = _neurons()[pure]
-            _, expected = run(functools.partial(neuron.step, params), neuron.init_state((B, N)), xs)
+            _, expected = jax.jit(
+                lambda xs, neuron=neuron, params=params: run(
+                    functools.partial(neuron.step, params), neuron.init_state((B, N)), xs
+                )
+            )(xs)
             np.testing.assert_array_equal(np.asarray(out), np.asarray(expected), err_msg=name)
-        state, step_out = module(module.init_state((B, N)), x0)
         np.testing.assert_array_equal(np.asarray(step_out), np.asarray(out)[0], err_msg=name)
     trained = {name: sorted(nnx.state(m, nnx.Param).keys()) for name, (m, _) in modules.items()}
     assert trained["recurrent"] == ["decay_logit", "recurrent", "threshold"]
