@@ -33,6 +33,8 @@ from helpers import (
     special_values,
 )
 
+# Host arrays go to the device with jax.device_put, a transfer: jnp.asarray of a NumPy array compiles a program
+# (`stage`) per shape and dtype, and on an accelerator every program costs a compilation.
 F32 = np.float32
 TINY32 = np.finfo(np.float32).tiny
 ENTRIES = {e.name: e for e in binary.ENTRIES}
@@ -144,6 +146,11 @@ def _exact_sum_data(rng, shape, dtype):
     return (rng.integers(-255, 256, shape) / 64).astype(dtype)
 
 
+def _zeros(shape, dtype=np.float32):
+    """``jnp.zeros`` built on the host and transferred: no program to compile."""
+    return jax.device_put(np.zeros(shape, dtype))
+
+
 def _both(f, *args, eager=True):
     """f(*args) under jit, and eagerly unless ``eager`` is False (op-by-op compiles cost time)."""
     return {"eager": f(*args), "jit": jax.jit(f)(*args)} if eager else {"jit": jax.jit(f)(*args)}
@@ -171,11 +178,11 @@ def _check_many(cases):
     def program(inputs):
         return [(c[0](x), _grad(c[0])(x), jax.jvp(c[0], (x,), (t,))) for c, (x, t) in zip(cases, inputs)]
 
-    jitted = jax.jit(program)([(jnp.asarray(c[1]), jnp.asarray(c[3])) for c in cases])
+    jitted = jax.jit(program)([(jax.device_put(c[1]), jax.device_put(c[3])) for c in cases])
     all_grads = []
     for (fn, x, expected, t, context, forward, eager), (y_jit, g_jit, (y, ty)) in zip(cases, jitted, strict=True):
         dtype = x.dtype
-        xj = jnp.asarray(x)
+        xj = jax.device_put(x)
         grads = {"eager": _grad(fn)(xj), "jit": g_jit} if eager else {"jit": g_jit}
         for mode, g in grads.items():
             assert g.dtype == dtype, context
@@ -211,10 +218,10 @@ def test_sign_forward_bit_for_bit(fn, params, dtype):
     points = [c for c in (params.get("clip", 1.0), -params.get("clip", 1.0)) if math.isfinite(c)]
     x = _inputs(rng, dtype, points)
     f = functools.partial(fn, **params)
-    for mode, y in _both(f, jnp.asarray(x)).items():
+    for mode, y in _both(f, jax.device_put(x)).items():
         assert y.dtype == dtype
         assert_bitwise_equal(y, np_sign(platform_reads(x)), context=f"{fn.__name__}{params} {mode}")
-    assert_bitwise_equal(ENTRIES[fn.__name__].forward(jnp.asarray(x), **params), np_sign(platform_reads(x)))
+    assert_bitwise_equal(ENTRIES[fn.__name__].forward(jax.device_put(x), **params), np_sign(platform_reads(x)))
 
 
 @pytest.mark.parametrize("fn", [sign_ste, approx_sign, swish_sign])
@@ -224,8 +231,8 @@ def test_sign_of_zeros_and_subnormals(fn, dtype):
     expected = np.array([1.0, 1.0, -1.0, 1.0, 1.0, -1.0, np.nan]).astype(dtype)
     if dtype.name in CONTRACT.subnormal_inputs_read_as_zero:
         expected[2] = 1.0  # the negative subnormal is read as -0, whose sign is +1
-    for mode, y in _both(fn, jnp.asarray(x)).items():
-        assert_bitwise_equal(y[:7], expected, context=f"{fn.__name__} {mode}")
+    for mode, y in _both(fn, jax.device_put(x)).items():
+        assert_bitwise_equal(np.asarray(y)[:7], expected, context=f"{fn.__name__} {mode}")
 
 
 def test_sign_ste_gradient_is_the_clipped_indicator(dtype):
@@ -234,7 +241,7 @@ def test_sign_ste_gradient_is_the_clipped_indicator(dtype):
         rng = np.random.default_rng(1)
         x = _inputs(rng, dtype, [c for c in (-clip, clip) if math.isfinite(c)])
         expected = np_clip_indicator(x, clip)
-        assert_bitwise_equal(ENTRIES["sign_ste"].derivative(jnp.asarray(x), clip=clip), expected)
+        assert_bitwise_equal(ENTRIES["sign_ste"].derivative(jax.device_put(x), clip=clip), expected)
         t = rng.standard_normal(x.shape).astype(dtype)
         cases.append((functools.partial(sign_ste, clip=clip), x, expected, t, f"sign_ste clip={clip}", None, True))
     _check_many(cases)  # every clip in one jitted program
@@ -242,19 +249,19 @@ def test_sign_ste_gradient_is_the_clipped_indicator(dtype):
 
 def test_sign_ste_band_is_closed_at_the_clip(dtype):
     below, at, above = boundary_triplets([1.0], dtype)
-    g = _grad(sign_ste)(jnp.asarray(_padded([below, at, above, -at, -above], dtype)))
-    assert_bitwise_equal(g[:5], np.array([1, 1, 0, 1, 0], dtype))
+    g = _grad(sign_ste)(jax.device_put(_padded([below, at, above, -at, -above], dtype)))
+    assert_bitwise_equal(np.asarray(g)[:5], np.array([1, 1, 0, 1, 0], dtype))
 
 
 def test_approx_sign_gradient(dtype):
     rng = np.random.default_rng(2)
     x = _inputs(rng, dtype, (-1.0, 1.0, -0.5, 0.5))
     expected = np_approx_sign_derivative(x)
-    assert_platform_equal(ENTRIES["approx_sign"].derivative(jnp.asarray(x)), expected)
+    assert_platform_equal(ENTRIES["approx_sign"].derivative(jax.device_put(x)), expected)
     _check_gradients(approx_sign, x, expected, rng, "approx_sign")
     # The documented values: a triangle of height 2 that reaches 0 at |x| = 1.
-    g = _grad(approx_sign)(jnp.asarray(_padded([0.0, 0.25, -0.75, 1.0, -1.5], dtype)))
-    assert_bitwise_equal(g[:5], np.array([2.0, 1.5, 0.5, 0.0, 0.0], dtype))
+    g = _grad(approx_sign)(jax.device_put(_padded([0.0, 0.25, -0.75, 1.0, -1.5], dtype)))
+    assert_bitwise_equal(np.asarray(g)[:5], np.array([2.0, 1.5, 0.5, 0.0, 0.0], dtype))
 
 
 @pytest.mark.parametrize("beta", [5.0, 1.0])
@@ -276,7 +283,7 @@ def test_swish_sign_gradient_follows_the_paper(beta, dtype):
     rtol = (16 * 2.0**-24 if dtype == np.float32 else eps) + platform_ulps
     atol = beta * 2.0**-21 + 4 * beta * platform_ulps + (2.0**-24 if dtype == np.float16 else beta * float(TINY32))
     f = functools.partial(swish_sign, beta=beta)
-    d = np.asarray(ENTRIES["swish_sign"].derivative(jnp.asarray(x), beta=beta))
+    d = np.asarray(ENTRIES["swish_sign"].derivative(jax.device_put(x), beta=beta))
     for mode, g in _check_gradients(f, x, d, rng, f"swish_sign beta={beta}").items():
         assert g.dtype == dtype
         np.testing.assert_allclose(np.asarray(g, np.float64)[finite], exact, rtol=rtol, atol=atol, err_msg=mode)
@@ -290,7 +297,7 @@ def test_swish_sign_gradient_is_zero_at_huge_inputs(beta, dtype):
     # cosh(beta x) overflows float32 from |beta x| ~ 89 on; the derivative must go to 0.
     x = _padded(np.array([info.max, -info.max, np.inf, -np.inf, 100.0, -300.0, np.nan], np.float64), dtype)
     f = functools.partial(swish_sign, beta=beta)
-    for mode, g in _both(_grad(f), jnp.asarray(x)).items():
+    for mode, g in _both(_grad(f), jax.device_put(x)).items():
         g = np.asarray(g).astype(np.float64)
         np.testing.assert_array_equal(g[:6], 0.0, err_msg=mode)
         assert np.isnan(g[6]), mode
@@ -305,7 +312,7 @@ def test_surrogates_integrate_to_the_jump_of_the_forward(fn, params, area):
     grid = np.unique(
         np.concatenate([np.linspace(-200.0, 200.0, 400_001), boundary_triplets([-1, -0.5, 0.5, 1], F32)]).astype(F32)
     )
-    d = np.asarray(ENTRIES[fn.__name__].derivative(jnp.asarray(grid), **params), np.float64)
+    d = np.asarray(ENTRIES[fn.__name__].derivative(jax.device_put(grid), **params), np.float64)
     # Trapezoid rule, spacing 1e-3, on float32 values; the tails beyond +-200 are below e^-190.
     np.testing.assert_allclose(np.trapezoid(d, grid.astype(np.float64)), area, rtol=1e-5)
 
@@ -352,17 +359,17 @@ def test_magnitude_aware_sign_at_boundaries_and_specials(dtype):
 
 
 def test_magnitude_aware_sign_reduces_every_axis_but_the_channel_axis():
-    x = jnp.array([[1.0, -4.0, 1.0], [-3.0, 5.0, -1.0]])
+    x = jax.device_put(np.array([[1.0, -4.0, 1.0], [-3.0, 5.0, -1.0]], F32))
     np.testing.assert_array_equal(magnitude_aware_sign(x), [[2.0, -4.5, 1.0], [-2.0, 4.5, -1.0]])
     np.testing.assert_array_equal(magnitude_aware_sign(x, axis=0), [[2.0, -2.0, 2.0], [-3.0, 3.0, -3.0]])
     # Rank 0 and 1: the whole tensor, whatever the axis.
-    np.testing.assert_array_equal(magnitude_aware_sign(jnp.array([1.0, -3.0]), axis=0), [2.0, -2.0])
-    assert float(magnitude_aware_sign(jnp.float32(-0.5), axis=7)) == -0.5
+    np.testing.assert_array_equal(magnitude_aware_sign(jax.device_put(F32([1.0, -3.0])), axis=0), [2.0, -2.0])
+    assert float(magnitude_aware_sign(jax.device_put(F32(-0.5)), axis=7)) == -0.5
 
 
 def test_magnitude_aware_sign_nan_poisons_only_its_channel():
     x = np.array([[1.0, np.nan], [-3.0, 0.5]], np.float32)
-    y = np.asarray(magnitude_aware_sign(jnp.asarray(x)))
+    y = np.asarray(magnitude_aware_sign(jax.device_put(x)))
     np.testing.assert_array_equal(y[:, 0], [2.0, -2.0])
     assert np.isnan(y[:, 1]).all()
 
@@ -392,9 +399,11 @@ def test_ternary_default_threshold_is_0p7_mean_abs(dtype):
         rng = np.random.default_rng(7)
         x = _exact_sum_data(rng, shape, dtype)
         eager = len(shape) == 2  # one eager case per dtype
-        # The same as passing that threshold explicitly (it is already a float32).
+        # The same as passing that threshold explicitly (it is already a float32). With a given threshold ternary
+        # is elementwise: x's values padded with +0 to the length of :func:`_inputs` (its eager executables).
         threshold = float(np_ternary_threshold(x))
-        assert_bitwise_equal(ternary(jnp.asarray(x), threshold=threshold), np_ternary(x))
+        given = ternary(jax.device_put(_padded(x.reshape(-1), dtype)), threshold=threshold)
+        assert_bitwise_equal(given, _padded(np_ternary(x).reshape(-1), dtype))
         t = rng.standard_normal(x.shape).astype(dtype)
         cases.append((ternary, x, np_clip_indicator(x, 1.0), t, f"ternary {shape}", np_ternary(x), eager))
     _check_many(cases)  # every shape in one jitted program
@@ -405,34 +414,36 @@ def test_ternary_value_at_the_threshold_is_zero(dtype):
     x = np.array([1, -1, 1, -1, 1, -1, 4], np.float64).astype(dtype)
     assert np_ternary_threshold(x) == 1.0
     expected = np.array([0, 0, 0, 0, 0, 0, 1], np.float64).astype(dtype)
-    for mode, y in _both(ternary, jnp.asarray(x)).items():
+    for mode, y in _both(ternary, jax.device_put(x)).items():
         assert_bitwise_equal(y, expected, context=mode)
 
 
 def test_ternary_zero_code_is_plus_zero(dtype):
-    x = np.array([-0.0, 0.0, -0.25, 0.25, -0.5, 0.5], np.float64).astype(dtype)
-    y = ternary(jnp.asarray(x), threshold=0.5)
-    assert_bitwise_equal(y, np.zeros(6, dtype))
+    # Padded with +0 to the length of :func:`_inputs` (its eager executables); every code is +0.
+    x = _padded(np.array([-0.0, 0.0, -0.25, 0.25, -0.5, 0.5], np.float64), dtype)
+    y = ternary(jax.device_put(x), threshold=0.5)
+    assert_bitwise_equal(y, np.zeros(128, dtype))
 
 
 def test_ternary_threshold_zero_splits_subnormals_by_sign(dtype):
     below, _, above = boundary_triplets([0.0], dtype)
-    x = np.array([below, -0.0, 0.0, above], dtype)
+    # Padded with +0 to the length of :func:`_inputs` (its eager executables); +0 is in the band.
+    x = _padded(np.array([below, -0.0, 0.0, above], dtype), dtype)
     # Where the platform reads subnormal inputs as zero (bfloat16 on a TPU), they fall inside the band.
     expected = np.array([0, 0, 0, 0] if dtype.name in CONTRACT.subnormal_inputs_read_as_zero else [-1, 0, 0, 1], dtype)
-    for mode, y in _both(functools.partial(ternary, threshold=0.0), jnp.asarray(x)).items():
-        assert_bitwise_equal(y, expected, context=mode)
+    for mode, y in _both(functools.partial(ternary, threshold=0.0), jax.device_put(x)).items():
+        assert_bitwise_equal(y, _padded(expected, dtype), context=mode)
 
 
 def test_ternary_nan_and_inf_in_the_data():
     x = np.array([0.5, np.nan, -2.0], np.float32)
     # A NaN makes the data-dependent threshold NaN: every output is NaN.
-    assert np.isnan(np.asarray(ternary(jnp.asarray(x)))).all()
+    assert np.isnan(np.asarray(ternary(jax.device_put(x)))).all()
     # With a given threshold only the NaN element is NaN.
-    y = np.asarray(ternary(jnp.asarray(x), threshold=1.0))
+    y = np.asarray(ternary(jax.device_put(x), threshold=1.0))
     np.testing.assert_array_equal(y, [0.0, np.nan, -1.0])
     # An infinity makes the threshold infinite: everything maps to 0.
-    y = np.asarray(ternary(jnp.array([0.5, np.inf, -2.0])))
+    y = np.asarray(ternary(jax.device_put(F32([0.5, np.inf, -2.0]))))
     assert_bitwise_equal(y, np.zeros(3, np.float32))
 
 
@@ -459,9 +470,9 @@ def test_float64_when_x64_is_on():
         }
         # Every jitted call in one program, compiled once; and each eagerly.
         jitted = jax.jit(lambda inputs: {k: f(inputs[k]) for k, (f, _) in calls.items()})(
-            {k: jnp.asarray(v) for k, (_, v) in calls.items()}
+            {k: jax.device_put(v) for k, (_, v) in calls.items()}
         )
-        results = {k: {"eager": f(jnp.asarray(v)), "jit": jitted[k]} for k, (f, v) in calls.items()}
+        results = {k: {"eager": f(jax.device_put(v)), "jit": jitted[k]} for k, (f, v) in calls.items()}
         ax = np.abs(x)
         for fn in (sign_ste, approx_sign, swish_sign):
             for mode, y in results[fn.__name__].items():
@@ -496,58 +507,58 @@ def test_float64_when_x64_is_on():
 @pytest.mark.parametrize("bad", [0.0, -1.0, math.nan])
 def test_sign_ste_clip_must_be_positive(bad):
     with pytest.raises(ValueError, match=r"sign_ste: `clip` must be a number > 0; got"):
-        sign_ste(jnp.zeros(3), clip=bad)
+        sign_ste(_zeros(3), clip=bad)
 
 
 @pytest.mark.parametrize("bad", ["1.0", True, None, jnp.float32(1.0)])
 def test_sign_ste_clip_must_be_a_real_number(bad):
     with pytest.raises(TypeError, match=r"sign_ste: `clip` must be a real number .* got"):
-        sign_ste(jnp.zeros(3), clip=bad)
+        sign_ste(_zeros(3), clip=bad)
 
 
 @pytest.mark.parametrize("bad", [0.0, -5.0, math.inf, math.nan, 1e19, 1e-19])
 def test_swish_sign_beta_range(bad):
     with pytest.raises(ValueError, match=r"swish_sign: `beta` must be a finite number in \[1e-18, 1e18\]"):
-        swish_sign(jnp.zeros(3), beta=bad)
+        swish_sign(_zeros(3), beta=bad)
 
 
 def test_swish_sign_beta_type():
     with pytest.raises(TypeError, match=r"swish_sign: `beta` must be a real number"):
-        swish_sign(jnp.zeros(3), beta="5")
+        swish_sign(_zeros(3), beta="5")
 
 
 @pytest.mark.parametrize(("shape", "axis"), [((3, 4), 2), ((3, 4), -3), ((2, 3, 4), 3)])
 def test_magnitude_aware_sign_axis_out_of_range(shape, axis):
     with pytest.raises(ValueError, match=rf"magnitude_aware_sign: `axis` must lie in .*got {axis}"):
-        magnitude_aware_sign(jnp.zeros(shape), axis=axis)
+        magnitude_aware_sign(_zeros(shape), axis=axis)
 
 
 @pytest.mark.parametrize("bad", [1.0, True, "0", None])
 def test_magnitude_aware_sign_axis_type(bad):
     with pytest.raises(TypeError, match=r"magnitude_aware_sign: `axis` must be an int; got"):
-        magnitude_aware_sign(jnp.zeros((3, 4)), axis=bad)
+        magnitude_aware_sign(_zeros((3, 4)), axis=bad)
 
 
 @pytest.mark.parametrize("bad", [-0.1, -math.inf, math.nan])
 def test_ternary_threshold_range(bad):
     with pytest.raises(ValueError, match=r"ternary: `threshold` must be a number >= 0; got"):
-        ternary(jnp.zeros(3), threshold=bad)
+        ternary(_zeros(3), threshold=bad)
 
 
 def test_ternary_threshold_and_clip_types_and_clip_range():
     with pytest.raises(TypeError, match=r"ternary: `threshold` must be a real number"):
-        ternary(jnp.zeros(3), threshold="0.5")
+        ternary(_zeros(3), threshold="0.5")
     with pytest.raises(TypeError, match=r"ternary: `clip` must be a real number"):
-        ternary(jnp.zeros(3), clip=[1.0])
+        ternary(_zeros(3), clip=[1.0])
     with pytest.raises(ValueError, match=r"ternary: `clip` must be a number > 0; got 0.0"):
-        ternary(jnp.zeros(3), clip=0.0)
+        ternary(_zeros(3), clip=0.0)
 
 
 @pytest.mark.parametrize("name", list(ENTRIES))
 @pytest.mark.parametrize("bad_dtype", [np.int32, np.bool_])
 def test_non_floating_inputs_are_rejected(name, bad_dtype):
     with pytest.raises(TypeError, match=rf"{name}: the input must be a floating-point array"):
-        ENTRIES[name].fn(jnp.zeros((2, 3), bad_dtype))
+        ENTRIES[name].fn(_zeros((2, 3), bad_dtype))
 
 
 def test_python_and_numpy_scalars_are_accepted():

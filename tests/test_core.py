@@ -14,13 +14,26 @@ import stejax
 from helpers import assert_bitwise_equal, boundary_triplets, special_values
 
 
+# Host arrays go to the device with jax.device_put, a transfer: jnp.asarray of a NumPy array compiles a program
+# (`stage`) per shape and dtype, and on an accelerator every program costs a compilation.
+def _ones(shape, dtype=np.float32):
+    """``jnp.ones`` built on the host and transferred: no program to compile."""
+    return jax.device_put(np.ones(shape, dtype))
+
+
+def _zeros(shape, dtype=np.float32):
+    """``jnp.zeros`` built on the host and transferred."""
+    return jax.device_put(np.zeros(shape, dtype))
+
+
 def test_the_classic_example():
     # The README's example: value 2, gradient 1, tangent 3 carried through.
-    assert stejax.round_ste(1.7) == 2
-    assert jax.grad(stejax.round_ste)(1.7) == 1
+    # Compared on the host (float of a scalar array): an eager `==` would compile a program.
+    assert float(stejax.round_ste(1.7)) == 2
+    assert float(jax.grad(stejax.round_ste)(1.7)) == 1
     primal, tangent = jax.jvp(stejax.round_ste, (1.7,), (3.0,))
-    assert primal == 2
-    assert tangent == 3
+    assert float(primal) == 2
+    assert float(tangent) == 3
 
 
 def _stop_gradient_round(x):
@@ -34,12 +47,12 @@ def test_forward_is_exact_where_the_stop_gradient_trick_drifts():
         (ml_dtypes.bfloat16, [-0.3, 258.0, -300.5]),
     ]
     for dtype, values in cases:
-        x = jnp.asarray(np.array(values, dtype))
+        x = jax.device_put(np.array(values, dtype))
         expected = np.round(np.array(values, dtype))
         assert_bitwise_equal(stejax.round_ste(x), expected, context=f"round_ste {dtype}")
         assert_bitwise_equal(jax.jit(stejax.round_ste)(x), expected, context=f"jit round_ste {dtype}")
     # And the trick really does drift there, so the comparison above can fail.
-    drifted = np.asarray(_stop_gradient_round(jnp.asarray(np.float32([-0.3, np.inf]))))
+    drifted = np.asarray(_stop_gradient_round(jax.device_put(np.float32([-0.3, np.inf]))))
     assert np.signbit(drifted[0]) == np.False_ and np.isnan(drifted[1])
 
 
@@ -47,13 +60,13 @@ def test_forward_bitwise_on_specials_and_triplets(dtype):
     x = np.concatenate([special_values(dtype), boundary_triplets([-1.5, -0.5, 0.5, 1.5, 2.5], dtype)])
     for fn, ref in [(stejax.round_ste, np.round), (stejax.floor_ste, np.floor), (stejax.ceil_ste, np.ceil)]:
         expected = ref(x.astype(np.float64)).astype(dtype)
-        assert_bitwise_equal(fn(jnp.asarray(x)), expected, context=fn.__name__)
-        assert_bitwise_equal(jax.jit(fn)(jnp.asarray(x)), expected, context=f"jit {fn.__name__}")
+        assert_bitwise_equal(fn(jax.device_put(x)), expected, context=fn.__name__)
+        assert_bitwise_equal(jax.jit(fn)(jax.device_put(x)), expected, context=f"jit {fn.__name__}")
 
 
 def test_tangent_keeps_shape_and_dtype(dtype):
-    x = jnp.asarray(np.linspace(-3, 3, 12).reshape(3, 4).astype(dtype))
-    t = jnp.asarray(np.full((3, 4), 0.75, dtype))
+    x = jax.device_put(np.linspace(-3, 3, 12).reshape(3, 4).astype(dtype))
+    t = jax.device_put(np.full((3, 4), 0.75, dtype))
     y, ty = jax.jvp(stejax.round_ste, (x,), (t,))
     assert y.dtype == ty.dtype == dtype
     assert y.shape == ty.shape == (3, 4)
@@ -61,12 +74,16 @@ def test_tangent_keeps_shape_and_dtype(dtype):
 
 
 def test_tangent_is_linear_in_the_tangent():
-    x = jnp.linspace(-2.0, 2.0, 9)
-    t1, t2 = jnp.linspace(0.0, 1.0, 9), jnp.linspace(-1.0, 3.0, 9)
+    # Multiples of 1/8 (jnp.linspace's values too): the combinations below are exact in float32, on the host.
+    x = jax.device_put(np.linspace(-2.0, 2.0, 9, dtype=np.float32))
+    t1, t2 = np.linspace(0.0, 1.0, 9, dtype=np.float32), np.linspace(-1.0, 3.0, 9, dtype=np.float32)
     slope = stejax.surrogate(jnp.round, lambda x: 2.0 * jnp.ones_like(x), name="double")
-    jvp = functools.partial(jax.jvp, slope, (x,))
-    combined = jvp((3.0 * t1 - 2.0 * t2,))[1]
-    separate = 3.0 * jvp((t1,))[1] - 2.0 * jvp((t2,))[1]
+
+    def jvp(t):
+        return np.asarray(jax.jvp(slope, (x,), (jax.device_put(t),))[1])
+
+    combined = jvp(3.0 * t1 - 2.0 * t2)
+    separate = 3.0 * jvp(t1) - 2.0 * jvp(t2)
     np.testing.assert_allclose(combined, separate, rtol=1e-6)
 
 
@@ -84,7 +101,7 @@ clipped_sign = stejax.surrogate(_sign, _clipped_identity, name="clipped_sign")
 
 def test_static_keyword_parameters_are_not_traced():
     f = jax.jit(lambda x: clipped_sign(x, clip=0.5))
-    x = jnp.array([-1.0, -0.5, 0.0, 0.4, 0.6])
+    x = jax.device_put(np.array([-1.0, -0.5, 0.0, 0.4, 0.6], np.float32))
     np.testing.assert_array_equal(f(x), [-1, -1, 1, 1, 1])
     np.testing.assert_array_equal(jax.grad(lambda x: clipped_sign(x, clip=0.5).sum())(x), [0, 1, 1, 1, 0])
 
@@ -92,8 +109,8 @@ def test_static_keyword_parameters_are_not_traced():
 def test_forward_with_keyword_defaults_works_under_jit():
     # jax.custom_jvp(jnp.round) traces `decimals` and fails under jit; the factory does not.
     est = stejax.surrogate(jnp.round, lambda x: jnp.ones_like(x), name="round")
-    assert jax.jit(est)(jnp.float32(2.5)) == 2.0
-    assert jax.jit(jax.grad(est))(jnp.float32(2.5)) == 1.0
+    assert float(jax.jit(est)(jax.device_put(np.float32(2.5)))) == 2.0
+    assert float(jax.jit(jax.grad(est))(jax.device_put(np.float32(2.5)))) == 1.0
 
 
 def _scaled_round(x, step):
@@ -109,20 +126,20 @@ scaled_round = stejax.surrogate(_scaled_round, _scaled_round_partials, name="sca
 
 
 def test_several_differentiable_arguments():
-    x = jnp.array([0.26, -0.7, 1.3], jnp.float32)
-    step = jnp.float32(0.5)
+    x = jax.device_put(np.array([0.26, -0.7, 1.3], np.float32))
+    step = jax.device_put(np.float32(0.5))
     gx, gstep = jax.grad(lambda x, s: scaled_round(x, s).sum(), argnums=(0, 1))(x, step)
     v = np.asarray(x) / np.float32(0.5)
     np.testing.assert_array_equal(gx, np.ones(3, np.float32))
     np.testing.assert_allclose(gstep, np.sum(np.round(v) - v), rtol=1e-6)
     # jvp in the step direction alone.
-    _, t = jax.jvp(scaled_round, (x, step), (jnp.zeros(3), jnp.float32(2.0)))
+    _, t = jax.jvp(scaled_round, (x, step), (_zeros(3), jax.device_put(np.float32(2.0))))
     np.testing.assert_allclose(t, 2.0 * (np.round(v) - v), rtol=1e-6)
 
 
 def test_vmap_with_unbatched_argument():
-    xs = jnp.linspace(-2.0, 2.0, 12).reshape(4, 3)
-    step = jnp.float32(0.5)
+    xs = jax.device_put(np.asarray(jnp.linspace(-2.0, 2.0, 12)).reshape(4, 3))  # reshaped on the host
+    step = jax.device_put(np.float32(0.5))
     batched = jax.vmap(scaled_round, in_axes=(0, None))(xs, step)
     np.testing.assert_array_equal(batched, scaled_round(xs, step))
     per_example = jax.vmap(jax.grad(lambda x, s: scaled_round(x, s).sum(), argnums=1), in_axes=(0, None))(xs, step)
@@ -131,17 +148,19 @@ def test_vmap_with_unbatched_argument():
 
 
 def test_python_scalars_take_the_array_dtype():
-    x = jnp.asarray([0.3, 0.8], jnp.bfloat16)
+    x = jax.device_put(np.array([0.3, 0.8]).astype(ml_dtypes.bfloat16))
     y = scaled_round(x, 0.25)
     assert y.dtype == jnp.bfloat16
 
 
 def test_mismatched_array_dtypes_are_rejected():
     with pytest.raises(TypeError, match=r"scaled_round: .*share one floating dtype.*float32.*bfloat16"):
-        scaled_round(jnp.ones(2, jnp.float32), jnp.asarray(0.5, jnp.bfloat16))
+        scaled_round(_ones(2), jax.device_put(np.asarray(0.5, ml_dtypes.bfloat16)))
 
 
-@pytest.mark.parametrize("bad", [jnp.arange(3), jnp.array([True, False]), 2])
+@pytest.mark.parametrize(
+    "bad", [jax.device_put(np.arange(3, dtype=np.int32)), jax.device_put(np.array([True, False])), 2]
+)
 def test_integer_and_boolean_inputs_are_rejected_with_the_name(bad):
     with pytest.raises(TypeError, match=r"round_ste: the input must be a floating-point array.*got dtype"):
         stejax.round_ste(bad)
@@ -149,7 +168,7 @@ def test_integer_and_boolean_inputs_are_rejected_with_the_name(bad):
 
 def test_random_estimator_requires_a_key():
     with pytest.raises(TypeError, match=r"stochastic_round\(\) missing 1 required keyword-only argument: 'key'"):
-        stejax.stochastic_round(jnp.ones(3))  # type: ignore[call-arg]
+        stejax.stochastic_round(_ones(3))  # type: ignore[call-arg]
     noisy = stejax.surrogate(
         lambda x, *, key: x + jax.random.normal(key, x.shape),
         lambda x, **_: jnp.ones_like(x),
@@ -157,14 +176,14 @@ def test_random_estimator_requires_a_key():
         random=True,
     )
     with pytest.raises(TypeError, match=r"noisy: this estimator is random and needs a PRNG key.*`key`"):
-        noisy(jnp.ones(3))
-    assert noisy(jnp.ones(3), key=jax.random.key(0)).shape == (3,)
+        noisy(_ones(3))
+    assert noisy(_ones(3), key=jax.random.key(0)).shape == (3,)
 
 
 def test_deterministic_estimator_refuses_a_key():
     est = stejax.surrogate(jnp.round, lambda x: jnp.ones_like(x), name="r")
     with pytest.raises(TypeError, match=r"r: this estimator is deterministic and takes no `key`"):
-        est(jnp.ones(3), key=jax.random.key(0))
+        est(_ones(3), key=jax.random.key(0))
 
 
 def test_factory_needs_exactly_one_rule():
@@ -177,7 +196,7 @@ def test_factory_needs_exactly_one_rule():
 def test_derivative_with_the_wrong_number_of_partials_is_reported():
     est = stejax.surrogate(_scaled_round, lambda x, s: jnp.ones_like(x), name="bad", diff_argnums=(0, 1))
     with pytest.raises(TypeError, match=r"bad: the declared derivative must return one partial per"):
-        jax.jvp(est, (jnp.ones(2), jnp.float32(1.0)), (jnp.ones(2), jnp.float32(1.0)))
+        jax.jvp(est, (_ones(2), jax.device_put(np.float32(1.0))), (_ones(2), jax.device_put(np.float32(1.0))))
 
 
 def test_tangent_map_for_non_diagonal_jacobians():
@@ -187,18 +206,22 @@ def test_tangent_map_for_non_diagonal_jacobians():
         return t[jnp.argsort(x)]
 
     est = stejax.surrogate(jnp.sort, tangent=sort_tangent, name="sort")
-    x = jnp.array([3.0, 1.0, 2.0])
-    _, t = jax.jvp(est, (x,), (jnp.array([10.0, 20.0, 30.0]),))
+    x = jax.device_put(np.array([3.0, 1.0, 2.0], np.float32))
+    _, t = jax.jvp(est, (x,), (jax.device_put(np.array([10.0, 20.0, 30.0], np.float32)),))
     np.testing.assert_array_equal(t, [20.0, 30.0, 10.0])
-    np.testing.assert_array_equal(jax.jacrev(est)(x), jax.jacfwd(est)(x))
+    # Both Jacobians in one jitted program (exact permutation matrices), not op by op.
+    rev, fwd = jax.jit(lambda x: (jax.jacrev(est)(x), jax.jacfwd(est)(x)))(x)
+    np.testing.assert_array_equal(np.asarray(rev), np.asarray(fwd))
 
 
 def test_higher_order_goes_through_the_surrogate():
     # d/dx [round_ste(x)^2] = 2 round(x) * 1; its derivative again through the STE is 2.
     f = lambda x: stejax.round_ste(x) ** 2  # noqa: E731
-    assert jax.grad(f)(1.7) == 4.0
-    assert jax.grad(jax.grad(f))(1.7) == 2.0
-    assert jax.hessian(f)(1.7) == 2.0
+    assert float(jax.grad(f)(1.7)) == 4.0
+    # The second derivatives in one jitted program (exact small integers), not op by op.
+    second, hessian = jax.jit(lambda x: (jax.grad(jax.grad(f))(x), jax.hessian(f)(x)))(1.7)
+    assert float(second) == 2.0
+    assert float(hessian) == 2.0
 
 
 def test_scan_and_checkpoint():
@@ -208,7 +231,7 @@ def test_scan_and_checkpoint():
     def total(xs):
         return jax.lax.scan(jax.checkpoint(body), jnp.float32(0.0), xs)[0]
 
-    xs = jnp.array([0.4, 1.6, -2.2])
+    xs = jax.device_put(np.array([0.4, 1.6, -2.2], np.float32))
     expected = np.round(np.asarray(xs)) + np.asarray(xs)  # d/dx [round(x) x] = 1 * x + round(x)
     np.testing.assert_allclose(jax.grad(total)(xs), expected, rtol=1e-6)
     np.testing.assert_allclose(jax.jit(jax.grad(total))(xs), expected, rtol=1e-6)
@@ -217,15 +240,15 @@ def test_scan_and_checkpoint():
 @pytest.mark.needs_float64
 def test_float64_is_kept_when_enabled():
     with jax.enable_x64(True):
-        x = jnp.asarray(np.array([0.5, 1.5, -2.5, 1e300], np.float64))
-        y, t = jax.jvp(stejax.round_ste, (x,), (jnp.ones_like(x),))
+        x = jax.device_put(np.array([0.5, 1.5, -2.5, 1e300], np.float64))
+        y, t = jax.jvp(stejax.round_ste, (x,), (_ones(4, np.float64),))
         assert y.dtype == t.dtype == jnp.float64
         assert_bitwise_equal(y, np.round(np.asarray(x)), context="float64 round")
 
 
 def test_subnormals_follow_jax_not_numpy():
     # XLA on CPU flushes subnormal inputs to zero; the estimators follow jnp exactly.
-    x = jnp.asarray(np.array([-1e-45, 1e-45], np.float32))
+    x = jax.device_put(np.array([-1e-45, 1e-45], np.float32))
     for fn, ref in [(stejax.floor_ste, jnp.floor), (stejax.ceil_ste, jnp.ceil), (stejax.round_ste, jnp.round)]:
         assert_bitwise_equal(fn(x), np.asarray(ref(x)), context=fn.__name__)
         assert_bitwise_equal(jax.jit(fn)(x), np.asarray(ref(x)), context=fn.__name__)
@@ -253,24 +276,24 @@ def test_rules_must_be_functions():
 
 def test_a_traced_array_as_a_keyword_hyperparameter_is_refused():
     est = stejax.surrogate(_slope_round, _slope_derivative, name="slope_round")
-    x = jnp.linspace(-1, 1, 5)
+    x = jax.device_put(np.linspace(-1, 1, 5, dtype=np.float32))  # exactly jnp.linspace's values
     match = r"slope_round: keyword argument `slope` is a static hyperparameter .* got a traced array"
     with pytest.raises(TypeError, match=match):
         jax.grad(lambda s: est(x, slope=s).sum())(2.0)
     with pytest.raises(TypeError, match=match):
         jax.jit(lambda x, s: est(x, slope=s))(x, 2.0)
     # A Python number is what it takes, under jit too.
-    assert float(jax.grad(lambda x: jax.jit(functools.partial(est, slope=2.0))(x).sum())(x)[0]) == 2.0
+    assert float(np.asarray(jax.grad(lambda x: jax.jit(functools.partial(est, slope=2.0))(x).sum())(x))[0]) == 2.0
 
 
 def test_an_unknown_keyword_names_the_estimator_and_the_known_ones():
     est = stejax.surrogate(_slope_round, _slope_derivative, name="slope_round")
     with pytest.raises(TypeError, match=r"slope_round: unknown keyword argument\(s\) 'slop': its forward "):
-        est(jnp.ones(3), slop=2.0)
+        est(_ones(3), slop=2.0)
     # Accepted by the forward but not by the derivative: named before anything is traced.
     partial_rule = stejax.surrogate(_slope_round, lambda x: jnp.ones_like(x), name="half")
     with pytest.raises(TypeError, match=r"half: unknown keyword argument\(s\) 'slope': its derivative .* takes none"):
-        partial_rule(jnp.ones(3), slope=2.0)
+        partial_rule(_ones(3), slope=2.0)
 
 
 @pytest.mark.parametrize("shape", [(2,), (3, 1), (4, 3)])
@@ -278,14 +301,14 @@ def test_a_derivative_of_the_wrong_shape_is_named(shape):
     est = stejax.surrogate(jnp.round, lambda x: jnp.ones(shape, x.dtype), name="wrong_shape")
     match = rf"wrong_shape: the declared derivative for positional argument 0 has shape {re.escape(str(shape))}; "
     with pytest.raises(ValueError, match=match + r"expected a shape that broadcasts.*output's shape \(3,\)"):
-        jax.grad(lambda x: est(x).sum())(jnp.ones(3))
+        jax.grad(lambda x: est(x).sum())(_ones(3))
 
 
 def test_a_derivative_that_broadcasts_is_accepted():
     # One partial for all elements (shape ()) or per output element: both broadcast.
     for d in (lambda x: jnp.float32(0.5), lambda x: jnp.full_like(x, 0.5)):
         est = stejax.surrogate(jnp.round, d, name="half_slope")
-        assert jax.grad(lambda x, est=est: est(x).sum())(jnp.ones(3)).tolist() == [0.5] * 3
+        assert jax.grad(lambda x, est=est: est(x).sum())(_ones(3)).tolist() == [0.5] * 3
 
 
 def test_an_unhashable_callable_rule_works():
@@ -296,4 +319,4 @@ def test_an_unhashable_callable_rule_works():
             return jnp.ones_like(x)
 
     est = stejax.surrogate(jnp.round, Ones(), name="ones")
-    assert jax.grad(lambda x: est(x).sum())(jnp.ones(2)).tolist() == [1.0, 1.0]
+    assert jax.grad(lambda x: est(x).sum())(_ones(2)).tolist() == [1.0, 1.0]

@@ -34,6 +34,13 @@ LEVELS = [(8, 5, 5, 5), (2, 3, 4), (5, 3), (7, 6)]
 TANH_ERROR = CONTRACT.function_error("tanh")
 ENTRIES = {e.name: e for e in latent.ENTRIES}
 BF16 = np.dtype(ml_dtypes.bfloat16)
+# Host arrays go to the device with jax.device_put, a transfer: jnp.asarray of a NumPy array compiles a program
+# (`stage`) per shape and dtype, and on an accelerator every program costs a compilation.
+
+
+def _zeros(shape, dtype=np.float32) -> jax.Array:
+    """``jnp.zeros`` built on the host and transferred: no program to compile."""
+    return jax.device_put(np.zeros(shape, dtype))
 
 
 def _eps(dtype) -> float:
@@ -141,7 +148,7 @@ def _fsq_inputs(levels, dtype, seed=0):
 @pytest.mark.parametrize("levels", LEVELS[:3], ids=str)
 def test_fsq_forward(levels, dtype):
     z = _fsq_inputs(levels, dtype)
-    zj = jnp.asarray(z)
+    zj = jax.device_put(z)
     run = functools.partial(fsq, levels=levels)
     eager = np.asarray(run(zj))
     assert eager.dtype == dtype and eager.shape == z.shape
@@ -161,7 +168,7 @@ def test_fsq_forward(levels, dtype):
 @pytest.mark.parametrize("levels", LEVELS, ids=str)
 def test_fsq_takes_exactly_the_levels(levels):
     z = np.repeat(np.linspace(-10, 10, 4001, dtype=np.float32)[:, None], len(levels), axis=1)
-    y = np.asarray(jax.jit(functools.partial(fsq, levels=levels))(jnp.asarray(z)))  # one program, not op by op
+    y = np.asarray(jax.jit(functools.partial(fsq, levels=levels))(jax.device_put(z)))  # one program, not op by op
     for i, level in enumerate(levels):
         half_width = level // 2
         grid = (np.arange(level) - half_width).astype(np.float32) * np.float32(1 / half_width)
@@ -171,7 +178,7 @@ def test_fsq_takes_exactly_the_levels(levels):
 
 def test_fsq_zero_codes_are_positive_zero(dtype):
     z = np.array([[0.0, -0.0, -0.0], [-0.0, -0.1, -0.2], [1e-3, -1e-3, 0.1]], dtype)
-    y = np.asarray(fsq(jnp.asarray(z), levels=(8, 5, 3)))
+    y = np.asarray(fsq(jax.device_put(z), levels=(8, 5, 3)))
     assert_bitwise_equal(y, np.zeros_like(z), context="zero codes")
 
 
@@ -186,7 +193,7 @@ def test_fsq_boundaries_are_the_ties():
                 slope = 1 - np.tanh(point + _fsq_constants((level,))[2][0]) ** 2
                 margin = max(1e-4, 4 * TANH_ERROR / slope)
                 below, above = boundary_triplets([point - margin, point + margin], np.float32)[[1, 4]]
-                y = np.asarray(fsq(jnp.asarray(np.float32([[below], [above]])), levels=(level,)))
+                y = np.asarray(fsq(jax.device_put(np.float32([[below], [above]])), levels=(level,)))
                 assert y[1, 0] > y[0, 0], f"no jump at {point} for L={level}"
 
 
@@ -216,7 +223,7 @@ def test_fsq_gradient_and_jvp(levels, dtype):
 
     # The gradient and the jvp in one jitted program, compiled once.
     grad, (_, ty) = jax.jit(lambda z, t: (jax.grad(lambda z: jnp.sum(run(z)))(z), jax.jvp(run, (z,), (t,))))(
-        jnp.asarray(z), jnp.asarray(t)
+        jax.device_put(z), jax.device_put(t)
     )
     grad = np.asarray(grad)
     assert grad.dtype == dtype
@@ -235,7 +242,7 @@ def test_fsq_gradient_and_jvp(levels, dtype):
 
 def test_fsq_derivative_at_specials(dtype):
     z = np.array([[np.inf, -np.inf, np.nan]], dtype)
-    grad = np.asarray(jax.grad(lambda z: jnp.sum(fsq(z, levels=(8, 5, 3))))(jnp.asarray(z)))
+    grad = np.asarray(jax.grad(lambda z: jnp.sum(fsq(z, levels=(8, 5, 3))))(jax.device_put(z)))
     assert grad[0, 0] == 0 and grad[0, 1] == 0 and np.isnan(grad[0, 2].astype(np.float32))
 
 
@@ -254,16 +261,16 @@ def test_fsq_derivative_at_specials(dtype):
 )
 def test_fsq_errors(z_shape, levels, error, match):
     with pytest.raises(error, match=match):
-        fsq(jnp.zeros(z_shape, jnp.float32), levels=levels)
+        fsq(_zeros(z_shape, np.float32), levels=levels)
 
 
 def test_fsq_rejects_integer_input():
     with pytest.raises(TypeError, match=r"fsq: .*floating-point"):
-        fsq(jnp.zeros((2, 2), jnp.int32), levels=(3, 3))
+        fsq(_zeros((2, 2), np.int32), levels=(3, 3))
 
 
 def test_fsq_levels_may_be_a_list():
-    z = jnp.asarray(np.float32([[0.3, -0.9]]))
+    z = jax.device_put(np.float32([[0.3, -0.9]]))
     assert_bitwise_equal(fsq(z, levels=[8, 5]), np.asarray(fsq(z, levels=(8, 5))), context="list levels")
 
 
@@ -282,7 +289,7 @@ def _indices_numpy(codes: np.ndarray, levels) -> np.ndarray:
 @pytest.mark.parametrize("levels", LEVELS, ids=str)
 def test_fsq_indices_round_trip(levels):
     size = math.prod(levels)
-    indices = jnp.arange(size, dtype=jnp.int32)
+    indices = jax.device_put(np.arange(size, dtype=np.int32))
 
     def there_and_back(indices):  # one jitted program, not op by op
         codes = fsq_indices_to_codes(indices, levels=levels)
@@ -298,7 +305,7 @@ def test_fsq_indices_round_trip(levels):
 
 @pytest.mark.parametrize("levels", LEVELS[:2], ids=str)
 def test_fsq_codes_round_trip_bitwise(levels, dtype):
-    z = jnp.asarray((np.random.default_rng(2).standard_normal((64, len(levels))) * 2).astype(dtype))
+    z = jax.device_put((np.random.default_rng(2).standard_normal((64, len(levels))) * 2).astype(dtype))
 
     def round_trip(z):  # one jitted program, not op by op
         y = fsq(z, levels=levels)
@@ -311,7 +318,7 @@ def test_fsq_codes_round_trip_bitwise(levels, dtype):
 
 
 def test_fsq_indices_known_values_and_modulo():
-    codes = fsq_indices_to_codes(jnp.asarray([[0, 1], [39, 40]]), levels=(8, 5))
+    codes = fsq_indices_to_codes(jax.device_put(np.array([[0, 1], [39, 40]], np.int32)), levels=(8, 5))
     expected = np.float32([[[-1, -1], [-0.75, -1]], [[0.75, 1], [-1, -1]]])
     np.testing.assert_array_equal(np.asarray(codes), expected)
 
@@ -319,17 +326,17 @@ def test_fsq_indices_known_values_and_modulo():
 @pytest.mark.parametrize(
     ("call", "error", "match"),
     [
-        (lambda: fsq_codes_to_indices(jnp.zeros((2, 2)), levels=(65536, 65536)), ValueError, r"int32"),
-        (lambda: fsq_indices_to_codes(jnp.zeros(2, jnp.int32), levels=(65536, 65536)), ValueError, r"int32"),
-        (lambda: fsq_codes_to_indices(jnp.zeros((2, 2), jnp.int32), levels=(3, 3)), TypeError, r"floating"),
-        (lambda: fsq_codes_to_indices(jnp.zeros((2, 3)), levels=(3, 3)), ValueError, r"len\(levels\) = 2"),
-        (lambda: fsq_indices_to_codes(jnp.zeros(2), levels=(3, 3)), TypeError, r"integer array"),
+        (lambda: fsq_codes_to_indices(_zeros((2, 2)), levels=(65536, 65536)), ValueError, r"int32"),
+        (lambda: fsq_indices_to_codes(_zeros(2, np.int32), levels=(65536, 65536)), ValueError, r"int32"),
+        (lambda: fsq_codes_to_indices(_zeros((2, 2), np.int32), levels=(3, 3)), TypeError, r"floating"),
+        (lambda: fsq_codes_to_indices(_zeros((2, 3)), levels=(3, 3)), ValueError, r"len\(levels\) = 2"),
+        (lambda: fsq_indices_to_codes(_zeros(2), levels=(3, 3)), TypeError, r"integer array"),
         (
-            lambda: fsq_indices_to_codes(jnp.zeros(2, jnp.int32), levels=(3, 3), dtype=jnp.int32),
+            lambda: fsq_indices_to_codes(_zeros(2, np.int32), levels=(3, 3), dtype=jnp.int32),
             TypeError,
             "dtype",
         ),
-        (lambda: fsq_indices_to_codes(jnp.zeros(2, jnp.int32), levels=(3, 1)), ValueError, ">= 2"),
+        (lambda: fsq_indices_to_codes(_zeros(2, np.int32), levels=(3, 1)), ValueError, ">= 2"),
     ],
 )
 def test_fsq_index_helper_errors(call, error, match):
@@ -356,19 +363,19 @@ def test_vq_exact_distances_and_ties_match_numpy(dtype):
     expected_idx = np.argmin(_distances_numpy(z, codebook), axis=-1)
     distances = _distances_numpy(z, codebook)
     assert (np.sort(distances, axis=-1)[:, 1] == distances.min(-1)).any(), "the data must contain ties"
-    out = vq_ste(jnp.asarray(z), jnp.asarray(codebook))
+    out = vq_ste(jax.device_put(z), jax.device_put(codebook))
     np.testing.assert_array_equal(np.asarray(out.indices), expected_idx)
     assert_bitwise_equal(out.quantized, codebook[expected_idx], context="vq_ste")
-    assert_bitwise_equal(vq_quantize(jnp.asarray(z), jnp.asarray(codebook)), codebook[expected_idx])
-    assert_bitwise_equal(rotation_trick(jnp.asarray(z), jnp.asarray(codebook)), codebook[expected_idx])
+    assert_bitwise_equal(vq_quantize(jax.device_put(z), jax.device_put(codebook)), codebook[expected_idx])
+    assert_bitwise_equal(rotation_trick(jax.device_put(z), jax.device_put(codebook)), codebook[expected_idx])
 
 
 @pytest.mark.parametrize("order", [(0, 1, 2), (2, 1, 0), (1, 2, 0)])
 def test_vq_exact_tie_goes_to_the_lowest_index(order):
     codes = np.float32([[0.0, 0.0], [1.0, 0.0], [0.5, 0.5]])[list(order)]
     z = np.float32([[0.5, 0.0]])  # 0.25 from each of the three codes
-    out = vq_ste(jnp.asarray(z), jnp.asarray(codes))
-    assert int(out.indices[0]) == 0
+    out = vq_ste(jax.device_put(z), jax.device_put(codes))
+    assert int(np.asarray(out.indices)[0]) == 0
     assert_bitwise_equal(out.quantized, codes[[0]], context="tie")
 
 
@@ -379,7 +386,7 @@ def test_vq_random_matches_numpy_within_rounding(dtype):
     codebook = rng.standard_normal((16, dim)).astype(dtype)
     distances = _distances_numpy(z, codebook)
     best = distances.min(-1)
-    out = vq_ste(jnp.asarray(z), jnp.asarray(codebook))
+    out = vq_ste(jax.device_put(z), jax.device_put(codebook))
     idx = np.asarray(out.indices)
     chosen = distances[np.arange(len(z)), idx]
     # float32 evaluation of sum_d (z_d - c_d)^2: each distance is within (dim + 3) 2^-24 of
@@ -395,7 +402,7 @@ def test_vq_gradients_and_losses(dtype):
     z = rng.standard_normal((4, 5, 3)).astype(dtype)
     codebook = rng.standard_normal((7, 3)).astype(dtype)
     w = rng.standard_normal(z.shape).astype(dtype)
-    zj, cj, wj = jnp.asarray(z), jnp.asarray(codebook), jnp.asarray(w)
+    zj, cj, wj = jax.device_put(z), jax.device_put(codebook), jax.device_put(w)
     idx = np.argmin(_distances_numpy(z, codebook), -1)
     q = codebook[idx].astype(np.float64)
     n = z.size
@@ -445,7 +452,7 @@ def test_vq_gradients_and_losses(dtype):
 
 
 def test_vq_result_is_a_named_tuple():
-    out = vq_ste(jnp.ones((2, 3)), jnp.zeros((4, 3)))
+    out = vq_ste(jax.device_put(np.ones((2, 3), np.float32)), _zeros((4, 3)))
     assert isinstance(out, VQResult)
     assert out._fields == ("quantized", "indices", "commitment_loss", "codebook_loss")
     assert out.indices.shape == (2,) and jnp.issubdtype(out.indices.dtype, jnp.integer)
@@ -453,8 +460,8 @@ def test_vq_result_is_a_named_tuple():
 
 def test_vq_vmap_with_a_shared_codebook():
     rng = np.random.default_rng(6)
-    z = jnp.asarray(rng.standard_normal((3, 5, 4)).astype(np.float32))
-    codebook = jnp.asarray(rng.standard_normal((6, 4)).astype(np.float32))
+    z = jax.device_put(rng.standard_normal((3, 5, 4)).astype(np.float32))
+    codebook = jax.device_put(rng.standard_normal((6, 4)).astype(np.float32))
     for fn in (vq_quantize, rotation_trick):
         mapped = jax.vmap(fn, in_axes=(0, None))(z, codebook)
         assert_bitwise_equal(mapped, np.asarray(fn(z, codebook)), context=fn.__name__)
@@ -473,16 +480,16 @@ def test_vq_shape_errors(fn, z_shape, c_shape):
             f"got z of shape {z_shape} and codebook of shape {c_shape}"
         )
     with pytest.raises(ValueError, match=match):
-        fn(jnp.zeros(z_shape), jnp.zeros(c_shape))
+        fn(_zeros(z_shape), _zeros(c_shape))
 
 
 @pytest.mark.parametrize("fn", [vq_quantize, vq_ste, rotation_trick])
 def test_vq_dtype_errors(fn):
     name = {vq_ste: "vq_ste", vq_quantize: "vq_quantize", rotation_trick: "rotation_trick"}[fn]
     with pytest.raises(TypeError, match=rf"{name}: .*share one floating dtype"):
-        fn(jnp.zeros((2, 3), jnp.float32), jnp.zeros((4, 3), jnp.bfloat16))
+        fn(_zeros((2, 3), np.float32), _zeros((4, 3), BF16))
     with pytest.raises(TypeError, match=rf"{name}: .*floating-point"):
-        fn(jnp.zeros((2, 3), jnp.float32), jnp.zeros((4, 3), jnp.int32))
+        fn(_zeros((2, 3), np.float32), _zeros((4, 3), np.int32))
 
 
 # --------------------------------------------------------------------------------------------
@@ -518,15 +525,17 @@ def _rotation_tolerance(dtype) -> float:
 def test_rotation_tangent_matches_numpy(dtype):
     z, codebook, q = _rotation_case(dtype)
     t = np.random.default_rng(8).standard_normal(z.shape).astype(dtype)
-    y, ty = jax.jvp(lambda z: rotation_trick(z, jnp.asarray(codebook)), (jnp.asarray(z),), (jnp.asarray(t),))
+    cj = jax.device_put(codebook)
+    y, ty = jax.jvp(lambda z: rotation_trick(z, cj), (jax.device_put(z),), (jax.device_put(t),))
     assert_bitwise_equal(y, q, context="forward")
     assert ty.dtype == dtype
+    ty_host = np.asarray(ty)
     tol = _rotation_tolerance(dtype)
     for i in range(len(z)):
         lam, rot, _, _ = _rotation_numpy(z[i], q[i])
         expected = lam * rot @ t[i].astype(np.float64)
         scale = lam * np.linalg.norm(t[i].astype(np.float64))
-        np.testing.assert_allclose(np.asarray(ty[i]).astype(np.float64), expected, rtol=0, atol=tol * scale)
+        np.testing.assert_allclose(ty_host[i].astype(np.float64), expected, rtol=0, atol=tol * scale)
 
 
 def test_rotation_gradient_is_the_transpose(dtype):
@@ -537,14 +546,15 @@ def test_rotation_gradient_is_the_transpose(dtype):
         return jnp.sum(rotation_trick(z, c) * jnp.asarray(w))
 
     # Both gradients in one jitted program, compiled once.
-    grad, gc = jax.jit(jax.grad(loss, argnums=(0, 1)))(jnp.asarray(z), jnp.asarray(codebook))
+    grad, gc = jax.jit(jax.grad(loss, argnums=(0, 1)))(jax.device_put(z), jax.device_put(codebook))
     assert grad.dtype == dtype
+    grad_host = np.asarray(grad)
     tol = _rotation_tolerance(dtype)
     for i in range(len(z)):
         lam, rot, _, _ = _rotation_numpy(z[i], q[i])
         expected = lam * rot.T @ w[i].astype(np.float64)
         scale = lam * np.linalg.norm(w[i].astype(np.float64))
-        np.testing.assert_allclose(np.asarray(grad[i]).astype(np.float64), expected, rtol=0, atol=tol * scale)
+        np.testing.assert_allclose(grad_host[i].astype(np.float64), expected, rtol=0, atol=tol * scale)
     assert_bitwise_equal(gc, np.zeros_like(codebook), context="no codebook gradient")
 
 
@@ -557,7 +567,7 @@ def test_rotation_is_orthogonal_and_maps_e_to_f_in_float64():
         for _ in range(5):
             z = rng.standard_normal(5)
             codebook = rng.standard_normal((6, 5))
-            jac = np.asarray(jax.jacfwd(rotation_trick)(jnp.asarray(z), jnp.asarray(codebook)))
+            jac = np.asarray(jax.jacfwd(rotation_trick)(jax.device_put(z), jax.device_put(codebook)))
             assert jac.dtype == np.float64
             q = codebook[np.argmin(_distances_numpy(z[None], codebook)[0])]
             lam, rot, e, f = _rotation_numpy(z, q)
@@ -573,13 +583,15 @@ def test_rotation_tangent_is_linear_and_per_vector():
     rng = np.random.default_rng(13)
     t1, t2 = (rng.standard_normal(z.shape).astype(np.float32) for _ in range(2))
 
+    cj = jax.device_put(codebook)
+
     def tangent(t):
-        return np.asarray(jax.jvp(lambda z: rotation_trick(z, jnp.asarray(codebook)), (z,), (t,))[1])
+        return np.asarray(jax.jvp(lambda z: rotation_trick(z, cj), (z,), (t,))[1])
 
     a, b = np.float32(0.75), np.float32(-1.5)
     np.testing.assert_allclose(tangent(a * t1 + b * t2), a * tangent(t1) + b * tangent(t2), rtol=1e-5, atol=1e-5)
     # The Jacobian couples the entries of one vector, never two vectors.
-    jac = np.asarray(jax.jacfwd(lambda z: rotation_trick(z, jnp.asarray(codebook)))(jnp.asarray(z)))
+    jac = np.asarray(jax.jacfwd(lambda z: rotation_trick(z, cj))(jax.device_put(z)))
     for i in range(3):
         for j in range(3):
             if i != j:
@@ -591,8 +603,8 @@ def test_rotation_degenerate_cases(dtype):
     t = np.array([[0.5, -1.0, 2.0]], dtype)
 
     def tangent(z, codebook):
-        fn = functools.partial(rotation_trick, codebook=jnp.asarray(np.array(codebook, dtype)))
-        return np.asarray(jax.jvp(lambda z: fn(z), (jnp.asarray(np.array(z, dtype)),), (jnp.asarray(t),))[1])
+        fn = functools.partial(rotation_trick, codebook=jax.device_put(np.array(codebook, dtype)))
+        return np.asarray(jax.jvp(lambda z: fn(z), (jax.device_put(np.array(z, dtype)),), (jax.device_put(t),))[1])
 
     # z = 0: the straight-through identity.
     assert_bitwise_equal(tangent([[0.0, 0.0, 0.0]], [[1.0, 0.0, 0.0]]), t, context="z = 0")
@@ -608,10 +620,10 @@ def test_rotation_tangent_of_tiny_and_huge_vectors_is_finite():
     for scale in (1e-30, 1e30):
         z = np.float32([[3.0, 4.0]]) * np.float32(scale)
         codebook = np.float32([[4.0, 3.0]]) * np.float32(scale)
-        run = functools.partial(rotation_trick, codebook=jnp.asarray(codebook))
-        _, ty = jax.jvp(run, (jnp.asarray(z),), (jnp.ones((1, 2)),))
+        run = functools.partial(rotation_trick, codebook=jax.device_put(codebook))
+        _, ty = jax.jvp(run, (jax.device_put(z),), (jax.device_put(np.ones((1, 2), np.float32)),))
         lam, rot, _, _ = _rotation_numpy(z[0], codebook[0])
-        np.testing.assert_allclose(np.asarray(ty[0]), lam * rot @ np.ones(2), rtol=1e-6)
+        np.testing.assert_allclose(np.asarray(ty)[0], lam * rot @ np.ones(2), rtol=1e-6)
 
 
 # --------------------------------------------------------------------------------------------
@@ -632,7 +644,7 @@ def _softmax(x: np.ndarray) -> np.ndarray:
 def test_gumbel_forward_matches_numpy(dtype):
     key = jax.random.key(20)
     logits = (np.random.default_rng(21).standard_normal((64, 5)) * 2).astype(dtype)
-    y = np.asarray(gumbel_softmax_st(jnp.asarray(logits), key=key))
+    y = np.asarray(gumbel_softmax_st(jax.device_put(logits), key=key))
     assert y.dtype == dtype and y.shape == logits.shape
     # float32 sum, as documented; NumPy's float32 add rounds as XLA's does.
     perturbed = logits.astype(np.float32) + _gumbel_noise(key, logits.shape)
@@ -642,7 +654,7 @@ def test_gumbel_forward_matches_numpy(dtype):
 
 
 def test_gumbel_sample_is_one_hot_and_keyed(dtype):
-    logits = jnp.asarray(np.zeros((200, 4), dtype))
+    logits = jax.device_put(np.zeros((200, 4), dtype))
     a = np.asarray(gumbel_softmax_st(logits, key=jax.random.key(1)))
     b = np.asarray(gumbel_softmax_st(logits, key=jax.random.key(1)))
     c = np.asarray(gumbel_softmax_st(logits, key=jax.random.key(2)))
@@ -658,7 +670,8 @@ def test_gumbel_sample_frequencies_follow_softmax(dtype):
     n = 20000
     logits = np.array([1.0, 0.0, -1.0, 0.5, -2.0], dtype)
     keys = jax.random.split(jax.random.key(3), n)
-    samples = jax.vmap(lambda k: gumbel_softmax_st(jnp.asarray(logits), key=k))(keys)
+    logits_on_device = jax.device_put(logits)
+    samples = jax.vmap(lambda k: gumbel_softmax_st(logits_on_device, key=k))(keys)
     freq = np.asarray(samples).astype(np.float64).mean(0)
     p = _softmax(logits.astype(np.float64))
     # Five binomial standard deviations (seeded, so the outcome is fixed).
@@ -684,7 +697,7 @@ def test_gumbel_tangent_and_gradient_match_numpy(dtype, tau):
         # The tangent and the gradient in one jitted program, compiled once.
         return jax.jvp(run, (x,), (t,))[1], jax.grad(lambda x: jnp.sum(run(x) * t))(x)
 
-    ty, grad = jax.jit(program)(jnp.asarray(logits), jnp.asarray(t))
+    ty, grad = jax.jit(program)(jax.device_put(logits), jax.device_put(t))
     assert ty.dtype == dtype
     # The softmax runs in float32 (exp to a few ulp); low-precision results are rounded once.
     tol = 1e-6 if dtype == np.float32 else 2 * _eps(dtype)
@@ -695,7 +708,7 @@ def test_gumbel_tangent_and_gradient_match_numpy(dtype, tau):
 
 
 def test_gumbel_tangent_is_not_diagonal():
-    jac = jax.jacfwd(functools.partial(gumbel_softmax_st, key=jax.random.key(0)))(jnp.zeros(3))
+    jac = jax.jacfwd(functools.partial(gumbel_softmax_st, key=jax.random.key(0)))(_zeros(3))
     assert np.all(np.asarray(jac)[~np.eye(3, dtype=bool)] != 0)
 
 
@@ -712,16 +725,16 @@ def test_gumbel_tangent_is_not_diagonal():
 )
 def test_gumbel_tau_errors(tau, error, match):
     with pytest.raises(error, match=match):
-        gumbel_softmax_st(jnp.zeros(3), key=jax.random.key(0), tau=tau)
+        gumbel_softmax_st(_zeros(3), key=jax.random.key(0), tau=tau)
 
 
 def test_gumbel_other_errors():
     with pytest.raises(TypeError, match=r"gumbel_softmax_st\(\) missing 1 required keyword-only argument: 'key'"):
-        gumbel_softmax_st(jnp.zeros(3))
+        gumbel_softmax_st(_zeros(3))
     with pytest.raises(ValueError, match="gumbel_softmax_st: the logits must have at least one axis"):
-        gumbel_softmax_st(jnp.zeros(()), key=jax.random.key(0))
+        gumbel_softmax_st(_zeros(()), key=jax.random.key(0))
     with pytest.raises(TypeError, match=r"gumbel_softmax_st: .*floating-point"):
-        gumbel_softmax_st(jnp.zeros(3, jnp.int32), key=jax.random.key(0))
+        gumbel_softmax_st(_zeros(3, np.int32), key=jax.random.key(0))
 
 
 # --------------------------------------------------------------------------------------------
@@ -751,9 +764,9 @@ def test_fsq_example_shape_and_params_are_truthful():
     for params in entry.param_grid():
         shape = entry.example_shape(**params)
         assert shape[-1] == len(params["levels"])
-        z = jnp.asarray(np.random.default_rng(0).standard_normal(shape).astype(dtype))
+        z = jax.device_put(np.random.default_rng(0).standard_normal(shape).astype(dtype))
         assert_bitwise_equal(entry.fn(z, **params), np.asarray(entry.forward(z, **params)), context=str(params))
-        _, ty = jax.jvp(functools.partial(entry.fn, **params), (z,), (jnp.ones_like(z),))
+        _, ty = jax.jvp(functools.partial(entry.fn, **params), (z,), (jax.device_put(np.ones(shape, dtype)),))
         assert_bitwise_equal(ty, np.asarray(entry.derivative(z, **params)), context=str(params))
 
 
@@ -762,13 +775,13 @@ def test_float64_is_kept_when_enabled():
     with jax.enable_x64(True):
         rng = np.random.default_rng(40)
         z = rng.standard_normal((8, 4)) * 2
-        y = fsq(jnp.asarray(z), levels=(8, 5, 5, 5))
+        y = fsq(jax.device_put(z), levels=(8, 5, 5, 5))
         assert y.dtype == jnp.float64
         # The float64 path mirrors the float32 one in float64; tanh differs from NumPy's by ulps.
         half_l, offset, shift, half_width = _fsq_constants((8, 5, 5, 5))
         bounded = np.tanh(z + shift) * half_l - offset
         np.testing.assert_array_equal(np.asarray(y), np.round(bounded) / half_width)
         codebook = rng.standard_normal((5, 4))
-        assert vq_quantize(jnp.asarray(z), jnp.asarray(codebook)).dtype == jnp.float64
-        g = gumbel_softmax_st(jnp.asarray(z), key=jax.random.key(0))
+        assert vq_quantize(jax.device_put(z), jax.device_put(codebook)).dtype == jnp.float64
+        g = gumbel_softmax_st(jax.device_put(z), key=jax.random.key(0))
         assert g.dtype == jnp.float64
