@@ -34,6 +34,11 @@ ROUND_TIES = (-2.5, -1.5, -0.5, 0.5, 1.5, 2.5)
 DEFAULT_DTYPES = ("float16", "bfloat16", "float32")
 
 
+def on_device(a: np.ndarray) -> jax.Array:
+    # A transfer of the host array as it is (jnp.asarray of a host array compiles a program).
+    return jax.device_put(a)
+
+
 def failures(report: Report) -> str:
     return "\n".join(f"{c.name}: {c.detail}" for c in report.failures)
 
@@ -111,7 +116,7 @@ def test_estimator_made_with_surrogate_passes_and_rejects_integers():
         reference=_clip_forward,
         derivative=_clip_derivative,
         boundaries=(-1.0, 0.0, 1.0),
-        invalid=[((jnp.arange(4),), TypeError), ((jnp.ones(3, bool),), TypeError)],
+        invalid=[((on_device(np.arange(4, dtype=np.int32)),), TypeError), ((on_device(np.ones(3, bool)),), TypeError)],
     )
     assert report.ok, failures(report)
     assert report["invalid[0]"].dtype is None
@@ -199,7 +204,10 @@ def test_invalid_cases_that_do_not_raise_fail():
         reference=jnp.round,
         derivative=jnp.ones_like,
         dtypes=("float32",),
-        invalid=[((jnp.arange(3),), TypeError), ((jnp.ones(2),), KeyError)],
+        invalid=[
+            ((on_device(np.arange(3, dtype=np.int32)),), TypeError),
+            ((on_device(np.ones(2, np.float32)),), KeyError),
+        ],
     )
     assert not report["invalid[0]"].passed
     assert "returned int32[3]; expected TypeError" in report["invalid[0]"].detail

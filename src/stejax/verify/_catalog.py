@@ -238,7 +238,9 @@ def _invalid_inputs(entry: Entry, layout: Layout, seed: int):
     shape = (2, *layout.item_shape)
     rest = layout.make_rest(shape, np.dtype(np.float32), rng)
     integers = np.arange(int(np.prod(shape)), dtype=np.int32).reshape(shape)
-    return [((integers, *rest), TypeError), ((integers % 2 == 0, *rest), TypeError)]
+    # Device arrays, as a model hands them over (a transfer; converting host arrays would compile a program).
+    cases = [(integers, *rest), (integers % 2 == 0, *rest)]
+    return [(tuple(jax.device_put(np.asarray(a)) for a in args), TypeError) for args in cases]
 
 
 def _label(point: Mapping[str, Any], defaults: Mapping[str, Any]) -> str:

@@ -254,6 +254,11 @@ def _np_tree(tree):
     return jax.tree.map(np.asarray, tree)
 
 
+def _on_device(arrays) -> tuple[jax.Array, ...]:
+    """Host arrays onto the default device as they are: a transfer, where ``jnp.asarray`` compiles a program."""
+    return tuple(jax.device_put(np.asarray(a)) for a in arrays)
+
+
 class DtypeRun:
     """The checks for one dtype (and one parameter set), sharing inputs and results."""
 
@@ -307,7 +312,7 @@ class DtypeRun:
     def jax_case(self, which: str) -> tuple[Any, ...]:
         key = ("jax", which)
         if key not in self._memo:
-            self._memo[key] = tuple(jnp.asarray(a) for a in self.case(which))
+            self._memo[key] = _on_device(self.case(which))
         return self._memo[key]
 
     def x(self, which: str) -> np.ndarray:
@@ -357,9 +362,13 @@ class DtypeRun:
         return self.once(("fn", which), "fn", lambda: self.s.fn(*self.jax_case(which)))
 
     def smooth_inputs(self):
-        args = self.jax_case("smooth")
-        tangents = tuple(jnp.asarray(t) for t in self.tangents("smooth", "compose"))
-        return args, tangents, jnp.asarray(self.cotangent("smooth", "compose"))
+        key = ("smooth inputs",)
+        if key not in self._memo:
+            args = self.jax_case("smooth")
+            tangents = _on_device(self.tangents("smooth", "compose"))
+            (cotangent,) = _on_device([self.cotangent("smooth", "compose")])
+            self._memo[key] = (args, tangents, cotangent)
+        return self._memo[key]
 
     # the checks ------------------------------------------------------------------------------
 
@@ -474,8 +483,8 @@ class DtypeRun:
     def check_tangent_structure(self) -> str:
         args = self.jax_case("pool")
         diff = self.s.diff_argnums
-        tangents = tuple(jnp.asarray(t) for t in self.tangents("pool", "t1"))
-        cotangent = jnp.asarray(self.cotangent("pool"))
+        tangents = _on_device(self.tangents("pool", "t1"))
+        (cotangent,) = _on_device([self.cotangent("pool")])
 
         def shapes():
             primal, jt = jax.jvp(self.s.fn, args, full_tangents(args, diff, tangents))
@@ -767,8 +776,7 @@ class DtypeRun:
                 out["maps"] = [tangent_map(a, only) for only in per_arg]
             return out
 
-        as_jax = lambda ts: tuple(jnp.asarray(t) for t in ts)  # noqa: E731
-        return f, (self.jax_case("pool"), as_jax(t1), as_jax(t2), as_jax(combined))
+        return f, (self.jax_case("pool"), _on_device(t1), _on_device(t2), _on_device(combined))
 
     def _piece_smooth(self):
         s = self.s
@@ -777,20 +785,29 @@ class DtypeRun:
     def _piece_loop(self):
         s, axes = self.s, self.in_axes()
         rows = min(self.rows, _LOOP_ROWS)
+        # The rows, and the other arguments broadcast to every row, are cut on the host (exact data
+        # movement): eagerly, slicing on the device would compile a program per slice.
+        host, args = self.case("smooth"), self.jax_case("smooth")
+        items = tuple(
+            tuple(_on_device([h[i]])[0] if ax == 0 else a for h, a, ax in zip(host, args, axes, strict=True))
+            for i in range(rows)
+        )
+        stacked = None
+        if None in axes:
+            n = np.shape(host[0])[0]
+            stacked = tuple(
+                a if ax == 0 else _on_device([np.broadcast_to(h, (n, *np.shape(h)))])[0]
+                for h, a, ax in zip(host, args, axes, strict=True)
+            )
 
-        def f(args):
-            items = [tuple(a[i] if ax == 0 else a for a, ax in zip(args, axes, strict=True)) for i in range(rows)]
+        def f(items, stacked):
             out = {"looped": jnp.stack([s.fn(*item) for item in items])}
-            if None in axes:
+            if stacked is not None:
                 # Every argument batched too: each row gets the same value of the others.
-                n = np.shape(args[0])[0]
-                stacked = tuple(
-                    a if ax == 0 else jnp.broadcast_to(a, (n, *np.shape(a))) for a, ax in zip(args, axes, strict=True)
-                )
                 out["all_batched"] = jax.vmap(s.fn)(*stacked)
             return out
 
-        return f, (self.jax_case("smooth"),)
+        return f, (items, stacked)
 
     def _piece_of_vmap(self):
         vs = _vmapped(self.s, self.in_axes())
@@ -804,9 +821,13 @@ class DtypeRun:
 
     def jac_case(self) -> tuple[Any, ...]:
         """The first rows of the smooth case, at most 32 elements: Jacobians grow as its square."""
-        rows = max(2, min(self.rows, _JAC_ELEMENTS // self.layout.item_size))
-        args = self.jax_case("smooth")
-        return tuple(a[:rows] if ax == 0 else a for a, ax in zip(args, self.in_axes(), strict=True))
+        key = ("jac case",)
+        if key not in self._memo:
+            rows = max(2, min(self.rows, _JAC_ELEMENTS // self.layout.item_size))
+            args = self.case("smooth")
+            # Sliced on the host, then transferred: the same values as slicing on the device, without a program.
+            self._memo[key] = _on_device(a[:rows] if ax == 0 else a for a, ax in zip(args, self.in_axes(), strict=True))
+        return self._memo[key]
 
     def _piece_jac(self):
         s = self.s
@@ -853,12 +874,42 @@ class DtypeRun:
         if ("piece", name) not in self._memo and name not in _JIT_BOUND:
             f, inputs = self.pieces([name])[name]
             return self.once(("eager piece", name), _PIECE_LABELS[name], lambda: f(*inputs)), False
+        if ("piece", name) not in self._memo and name in _ALONE_TOGETHER:
+            self._compile_together(tuple(k for k in _ALONE_TOGETHER if k in self.kinds or k == name))
         f, inputs = self.pieces([name])[name]
         return self.once(("piece", name), _PIECE_LABELS[name], lambda: jax.jit(f)(*inputs)), True
+
+    def _compile_together(self, names: tuple[str, ...]) -> None:
+        """The pieces ``names``, each under its own transformation, compiled and run as one program.
+
+        When the nested composition fails, jit, scan and checkpoint are each
+        computed apart from the others; one program holds the three (one
+        compilation instead of three). When it cannot be traced, compiled or
+        run, nothing is kept and each piece is compiled alone, so that the
+        failure is reported by the check it belongs to.
+        """
+        key = ("together", names)
+        if key in self._memo:
+            return
+        self._memo[key] = True
+        try:
+            built = self.pieces(names)
+            functions = [built[n][0] for n in names]
+
+            def program(inputs):
+                return [f(*i) for f, i in zip(functions, inputs, strict=True)]
+
+            results = jax.block_until_ready(jax.jit(program)([built[n][1] for n in names]))
+        except Exception:
+            return
+        for n, result in zip(names, results, strict=True):
+            self._memo[("piece", n)] = result
 
 
 # The pieces that are about compilation, computed under jit even alone.
 _JIT_BOUND = frozenset({"forward", "composed", "jit", "scan", "checkpoint"})
+# The compositions that the nested one stands for, computed together when it fails.
+_ALONE_TOGETHER = ("jit", "scan", "checkpoint")
 _PIECE_WHAT = {"jit": "jit", "scan": "lax.scan", "checkpoint": "jax.checkpoint"}
 # The compiled pieces each check reads.
 _KIND_PIECES = {
