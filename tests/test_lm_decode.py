@@ -66,7 +66,8 @@ def test_greedy_256_bytes_match_the_per_byte_loop(artifacts, config):
     ("config", "form"), [("w8a8", "int8"), ("w4a8", "int8"), ("w2a8", "int8"), ("w1.58a8", "2bit")]
 )
 def test_lowbit_logits_match_the_exported_integer_forward(artifacts, config, form):
-    x = jnp.asarray(np.random.default_rng(1).integers(0, 256, (3, 40)), jnp.uint8)
+    # device_put: a transfer, no program (jnp.asarray stages one per shape and dtype)
+    x = jax.device_put(np.random.default_rng(1).integers(0, 256, (3, 40)).astype(np.uint8))
     loaded = _load(artifacts, config, form)
     got = np.asarray(_logits(nnx.split(loaded.model), x))
     want = np.asarray(_logits(nnx.split(loaded.reference), x))
@@ -138,7 +139,7 @@ def test_second_call_in_a_bucket_compiles_nothing(artifacts):
 
 def test_draw_byte_keeps_only_what_top_k_and_top_p_allow():
     # Probabilities 0.5, 0.25, 0.125, 0.0625, ... on bytes 0, 1, 2, 3, ...
-    logits = jnp.asarray(-np.log(2.0) * np.arange(256), jnp.float32)
+    logits = jax.device_put((-np.log(2.0) * np.arange(256)).astype(np.float32))
     draws = jax.random.split(jax.random.key(3), 400)
 
     def drawn(temperature, top_k, top_p):
@@ -259,8 +260,10 @@ def test_the_decode_loop_writes_every_row_at_once():
     keys = jax.random.split(jax.random.key(0), (batch, 32))
     cache = _decode.init_cache(model.config, batch)
     table, lengths = _decode._stop_table(b"ab")
-    args = (state, cache, jnp.zeros(batch, jnp.int32), jnp.full(batch, 3, jnp.int32), jnp.int32(16))
-    args += (jnp.ones(batch, bool), jnp.int32(5), keys, (jnp.float32(0), jnp.int32(256), jnp.float32(1)))
+    host = (np.zeros(batch, np.int32), np.full(batch, 3, np.int32), np.int32(16), np.ones(batch, bool), np.int32(5))
+    scalars = (np.float32(0), np.int32(256), np.float32(1))
+    args = (state, cache, *jax.device_put(host[:3]))
+    args += (*jax.device_put(host[3:]), keys, jax.device_put(scalars))
     jaxpr = jax.make_jaxpr(lambda *a: _decode._decode_loop.__wrapped__(graphdef, *a))(*args, table, lengths)
     loops = [e for e in jaxpr.jaxpr.eqns if e.primitive.name == "while"]
     assert len(loops) == 1
@@ -277,9 +280,8 @@ def test_random_large_model_forms_and_accelerator_rows(tmp_path):
     small = LMConfig(context=32, width=64, depth=1, heads=2, hidden=128)
     model, params = random_model("small", "ternary-2bit", config=small)
     layers = [m for _, m in nnx.iter_modules(model) if isinstance(m, LowBitLinear)]
-    assert len(layers) == 7 and params == sum(
-        int(x.size) for x in jax.tree.leaves(nnx.state(Transformer(small, rngs=nnx.Rngs(0)), nnx.Param))
-    )
+    shapes = nnx.state(nnx.eval_shape(lambda: Transformer(small, rngs=nnx.Rngs(0))), nnx.Param)  # no program
+    assert len(layers) == 7 and params == sum(int(x.size) for x in jax.tree.leaves(shapes))
     codes = np.concatenate([np.asarray(c).ravel() for c in unpack_slices(layers[0].codes[...], 2)])
     assert set(np.unique(codes).tolist()) == {-1, 0, 1}  # valid ternary codes, packed
     with jax.numpy_dtype_promotion("standard"):  # a bfloat16 model meets float32 rotary angles (as users run it)

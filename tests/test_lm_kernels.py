@@ -54,6 +54,11 @@ SHAPES = [  # (rows, k, n, blocks): aligned tiles over a 2 x 2 grid, a partial r
 METHODS = ["mxu", "vpu"]
 
 
+def _put(a: np.ndarray) -> jax.Array:
+    """A host array on the device as it is: a transfer, no program (jnp.asarray stages one per shape and dtype)."""
+    return jax.device_put(a)
+
+
 def _inputs(rows: int, k: int, seed: int = 0) -> jax.Array:
     """int8 input codes with the extremes in the first two rows (-128 and 127 everywhere)."""
     rng = np.random.default_rng(seed)
@@ -61,7 +66,7 @@ def _inputs(rows: int, k: int, seed: int = 0) -> jax.Array:
     q[0] = -128
     if rows > 1:
         q[1] = 127
-    return jnp.asarray(q, jnp.int8)
+    return _put(q.astype(np.int8))
 
 
 def _exact(q: jax.Array, codes: np.ndarray) -> np.ndarray:
@@ -74,10 +79,10 @@ def test_int8_accumulators_equal_the_xla_integer_product(rows, k, n, blocks, int
     rng = np.random.default_rng(1)
     codes = rng.integers(-128, 128, (k, n)).astype(np.int8)
     codes[:, 0] = -128  # the extreme code against the extreme inputs
-    q = _inputs(rows, k)
-    got = int8_accumulate(q, jnp.asarray(codes), blocks=blocks, interpret=interpret, method=method)
+    q, resident = _inputs(rows, k), _put(codes)
+    got = int8_accumulate(q, resident, blocks=blocks, interpret=interpret, method=method)
     assert got.dtype == jnp.int32
-    np.testing.assert_array_equal(got, int8_accumulate_reference(q, jnp.asarray(codes)))
+    np.testing.assert_array_equal(got, int8_accumulate_reference(q, resident))
     np.testing.assert_array_equal(got, _exact(q, codes))
 
 
@@ -86,7 +91,7 @@ def test_int8_accumulators_equal_the_xla_integer_product(rows, k, n, blocks, int
 def test_ternary_2bit_accumulators_equal_the_xla_integer_product(rows, k, n, blocks, interpret, method):
     codes = np.random.default_rng(2).integers(-1, 2, (k, n))
     codes[:, 0] = 1  # every field of column 0's bytes at its top value: bytes 0xff, -1 as int8
-    packed = jnp.asarray(pack_groups(codes, k, 2))
+    packed = _put(pack_groups(codes, k, 2))
     q = _inputs(rows, k)
     if blocks is not None:  # over the packed rows: a quarter of k
         blocks = Blocks(k // 4 // 2 if k // 4 // 2 % 128 == 0 else k // 4, blocks.block_n)
@@ -103,24 +108,27 @@ def test_grouped_sums_are_exact_and_match_the_reference(bits, rows, k, n, interp
     top = 1 << (bits - 1)
     codes = rng.integers(-top, top, (k, n))
     codes[:32, 0] = -top
-    packed = jnp.asarray(pack_groups(codes, 32, bits))
+    packed = _put(pack_groups(codes, 32, bits))
     q = _inputs(rows, k)
     # Unit scales: the float32 sum of exact int32 group sums is the integer product (|sum| < 2**24).
-    ones = jnp.ones((k // 32, n), jnp.float32)
+    ones = _put(np.ones((k // 32, n), np.float32))
     got = grouped_sum(q, packed, ones, bits=bits, interpret=interpret, method=method)
     np.testing.assert_array_equal(got, _exact(q, codes).astype(np.float32))
     np.testing.assert_array_equal(grouped_sum_reference(q, packed, ones, bits=bits), got)
     # One group at a time: each group's sum lands on its own scale (a missing or doubled block would show).
+    q_host = np.asarray(q)
     for g in (0, k // 32 - 1):
-        only = jnp.zeros((k // 32, n), jnp.float32).at[g].set(1.0)
-        want = _exact(q[:, g * 32 : (g + 1) * 32], codes[g * 32 : (g + 1) * 32]).astype(np.float32)
+        only = np.zeros((k // 32, n), np.float32)
+        only[g] = 1.0
+        only = _put(only)
+        want = _exact(q_host[:, g * 32 : (g + 1) * 32], codes[g * 32 : (g + 1) * 32]).astype(np.float32)
         got_g = grouped_sum(q, packed, only, bits=bits, interpret=interpret, method=method)
         np.testing.assert_array_equal(got_g, want)
     # Real scales: the same float32 products and sums, in the order of the groups, up to float32 rounding.
-    scale = jnp.asarray(rng.uniform(0.001, 0.1, (k // 32, n)), jnp.float32)
+    scale = _put(rng.uniform(0.001, 0.1, (k // 32, n)).astype(np.float32))
     got = grouped_sum(q, packed, scale, bits=bits, interpret=interpret, method=method)
-    want = grouped_sum_reference(q, packed, scale, bits=bits)
-    np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-6 * float(jnp.max(jnp.abs(want))))
+    want = np.asarray(grouped_sum_reference(q, packed, scale, bits=bits))
+    np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-6 * float(np.abs(want).max()))
 
 
 FUSED_SHAPES = [  # (rows, k, n, blocks over the (packed) codes): a 2 x 2 grid, one block, whole odd axes, 33 rows
@@ -144,18 +152,19 @@ def _fused_layer(form: str, k: int, n: int, rng: np.random.Generator, bits: int 
         scale = np.float32(rng.uniform(20, 80))
         resident = pack_groups(codes, k, 2) if form == "ternary-2bit" else codes
     kind = "int8" if form == "int8" else "ternary"
-    return codes, scale, jnp.asarray(resident), jnp.asarray(multiplier(scale, kind, bits))
+    return codes, scale, _put(np.asarray(resident)), _put(np.asarray(multiplier(scale, kind, bits)))
 
 
-def _fused_inputs(rows: int, k: int, rng: np.random.Generator) -> jax.Array:
-    """Float rows with the quantiser's corner cases: exact halves (round half to even), a zero row, huge values."""
+def _fused_inputs(rows: int, k: int, rng: np.random.Generator) -> tuple[np.ndarray, jax.Array]:
+    """Float rows with the quantiser's corner cases: exact halves (round half to even), a zero row, huge values;
+    on the host, and on the device with a leading axis of 1 (the layer's batch)."""
     x = rng.normal(0, 2, (rows, k)).astype(np.float32)
     x[0, :8] = [127.0, 2.5, -2.5, 3.5, -0.5, 0.5, 126.5, -127.0]  # s_x = 1: the halves round to even
     if rows > 1:
         x[1] = 0.0  # absmax below the floor: every code 0
     if rows > 2:
         x[2] *= 1e6
-    return jnp.asarray(x)
+    return x, _put(x[None])
 
 
 @pytest.mark.parametrize("bits", [8, 4])
@@ -164,18 +173,19 @@ def _fused_inputs(rows: int, k: int, rng: np.random.Generator) -> jax.Array:
 def test_fused_layer_equals_the_xla_path_bit_for_bit(rows, k, n, blocks, form, bits, interpret):
     rng = np.random.default_rng(5)
     codes, scale, resident, mult = _fused_layer(form, k, n, rng, bits)
-    x = _fused_inputs(rows, k, rng)
+    x, x_batch = _fused_inputs(rows, k, rng)
     if form == "ternary-2bit" and blocks is not None:  # over the packed rows: a quarter of k
         blocks = Blocks(max(128, blocks.block_k // 4), blocks.block_n)
-    got = fused_linear(x[None], resident, mult, form=form, bits=bits, blocks=blocks, interpret=interpret)
+    got = fused_linear(x_batch, resident, mult, form=form, bits=bits, blocks=blocks, interpret=interpret)
     assert got.shape == (1, rows, n) and got.dtype == jnp.float32
-    want = fused_linear_reference(x[None], resident, mult, form=form, bits=bits)
+    want = fused_linear_reference(x_batch, resident, mult, form=form, bits=bits)
+    got = np.asarray(got)
     np.testing.assert_array_equal(got, want)
     # The integer forward: the artifact's codes (round half to even), exact int32 sums, then s_o / s_x (int8) or
     # 1 / (s_x gamma^-1) (ternary), to float32 rounding of the rescale alone.
     top = 2 ** (bits - 1) - 1
-    m = np.maximum(np.abs(np.asarray(x)).max(-1, keepdims=True), np.float32(1e-5))
-    q = np.clip(np.round(np.asarray(x) * (np.float32(top) / m)), -top - 1, top).astype(np.int64)
+    m = np.maximum(np.abs(x).max(-1, keepdims=True), np.float32(1e-5))
+    q = np.clip(np.round(x * (np.float32(top) / m)), -top - 1, top).astype(np.int64)
     if bits == 8:
         np.testing.assert_array_equal(q[0, :8], [127, 2, -2, 4, 0, 0, 126, -127])
     acc = q @ codes.astype(np.int64)
@@ -204,7 +214,7 @@ def _grouped_layer(form: str, k: int, n: int, rng: np.random.Generator, exact: b
         scale = np.exp2(rng.integers(-12, -2, (k // 32, n))).astype(np.float32)
     else:
         scale = rng.uniform(0.001, 0.1, (k // 32, n)).astype(np.float32)
-    return codes, scale, jnp.asarray(pack_groups(codes, 32, bits))
+    return codes, scale, _put(pack_groups(codes, 32, bits))
 
 
 @pytest.mark.parametrize("bits", [8, 4])
@@ -212,28 +222,29 @@ def _grouped_layer(form: str, k: int, n: int, rng: np.random.Generator, exact: b
 @pytest.mark.parametrize(("rows", "k", "n", "blocks"), GROUPED_SHAPES)
 def test_fused_grouped_layer_equals_the_xla_path(rows, k, n, blocks, form, bits, interpret):
     rng = np.random.default_rng(8)
-    x = _fused_inputs(rows, k, rng)
+    x, x_batch = _fused_inputs(rows, k, rng)
     # Scales that are powers of two: every product of a group sum and its scale is exact in float32, so a fused
     # multiply-add rounds as a product and a sum do, and the kernel equals the XLA path bit for bit (a wrong
     # arrangement, expansion or offset would show).
     codes, mult, packed = _grouped_layer(form, k, n, rng, exact=True)
-    got = fused_grouped_linear(x[None], packed, mult, form=form, bits=bits, blocks=blocks, interpret=interpret)
+    got = fused_grouped_linear(x_batch, packed, mult, form=form, bits=bits, blocks=blocks, interpret=interpret)
     assert got.shape == (1, rows, n) and got.dtype == jnp.float32
     reference = jax.jit(lambda x: fused_grouped_reference(x, packed, mult, form=form, bits=bits))
-    np.testing.assert_array_equal(got, reference(x[None]))
-    np.testing.assert_array_equal(got, fused_grouped_reference(x[None], packed, mult, form=form, bits=bits))
+    np.testing.assert_array_equal(got, reference(x_batch))
+    np.testing.assert_array_equal(got, fused_grouped_reference(x_batch, packed, mult, form=form, bits=bits))
     # Real scales: the same float32 products and sums in the same order, but XLA:CPU contracts a product and the
     # running sum into one fused multiply-add inside whichever fusion holds them, and the interpreted kernel and
     # the reference are fused apart: equal to float32 rounding.
     codes, scale, packed = _grouped_layer(form, k, n, rng, exact=False)
-    mult = jnp.asarray(grouped_multiplier(scale, bits))
-    got = fused_grouped_linear(x[None], packed, mult, form=form, bits=bits, blocks=blocks, interpret=interpret)
-    want = jax.jit(lambda x: fused_grouped_reference(x, packed, mult, form=form, bits=bits))(x[None])
-    np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-6 * float(jnp.max(jnp.abs(want))))
+    mult = _put(np.asarray(grouped_multiplier(scale, bits)))
+    got = fused_grouped_linear(x_batch, packed, mult, form=form, bits=bits, blocks=blocks, interpret=interpret)
+    want = jax.jit(lambda x: fused_grouped_reference(x, packed, mult, form=form, bits=bits))(x_batch)
+    got, want = np.asarray(got), np.asarray(want)
+    np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-6 * float(np.abs(want).max()))
     # The integer forward: the artifact's codes, exact int32 group sums, then sum_g s_g acc_g / s_x.
     top = 2 ** (bits - 1) - 1
-    m = np.maximum(np.abs(np.asarray(x)).max(-1, keepdims=True), np.float32(1e-5))
-    q = np.clip(np.round(np.asarray(x) * (np.float32(top) / m)), -top - 1, top).astype(np.int64)
+    m = np.maximum(np.abs(x).max(-1, keepdims=True), np.float32(1e-5))
+    q = np.clip(np.round(x * (np.float32(top) / m)), -top - 1, top).astype(np.int64)
     acc = np.stack([q[:, g * 32 : (g + 1) * 32] @ codes[g * 32 : (g + 1) * 32] for g in range(k // 32)])
     exact = np.einsum("grn,gn->rn", acc.astype(np.float64), scale.astype(np.float64)) * m / top
     np.testing.assert_allclose(np.asarray(got[0], np.float64), exact, rtol=1e-5, atol=1e-5 * np.abs(exact).max())
@@ -244,7 +255,8 @@ def test_fused_grouped_layer_equals_the_xla_path(rows, k, n, blocks, form, bits,
 def test_a_fused_layer_is_one_kernel_call_and_bad_inputs_are_refused():
     from stejax.lm._configs import CONFIGS
 
-    x = jnp.asarray(np.random.default_rng(6).normal(size=(1, 1, 256)), jnp.float32)
+    x_host = np.random.default_rng(6).normal(size=(1, 1, 256)).astype(np.float32)
+    x = _put(x_host)
     for config, ternary in (("w8a8", "int8"), ("w1.58a8", "2bit"), ("w1.58a8", "int8")):
         scale = np.full(128, 0.01, np.float32) if config == "w8a8" else np.float32(3.0)
         codes = np.random.default_rng(7).integers(-1, 2, (256, 128)).astype(np.int8)
@@ -261,7 +273,7 @@ def test_a_fused_layer_is_one_kernel_call_and_bad_inputs_are_refused():
         bits = CONFIGS[config].weight_bits
         codes = np.random.default_rng(7).integers(-(1 << (bits - 1)), 1 << (bits - 1), (256, 128))
         layer = lowbit_linear(codes, np.ones((8, 128), np.float32), CONFIGS[config])
-        layer.scale[...] = jnp.exp2(jax.random.randint(jax.random.key(8), (8, 128), -10, -2).astype(jnp.float32))
+        layer.scale[...] = _put(np.exp2(np.random.default_rng(8).integers(-10, -2, (8, 128))).astype(np.float32))
         model = with_kernel_method(layer, "mxu")
         model.interpret = True
         outer = jax.make_jaxpr(model)(x).jaxpr
@@ -269,7 +281,7 @@ def test_a_fused_layer_is_one_kernel_call_and_bad_inputs_are_refused():
         inner = {e.primitive.name for e in call.params["jaxpr"].jaxpr.eqns}
         assert inner <= {"pallas_call", "reshape"} and "pallas_call" in inner, (config, inner)
         np.testing.assert_array_equal(model(x), layer(x))
-    codes, scale = jnp.zeros((256, 128), jnp.int8), jnp.ones(128, jnp.float32)
+    codes, scale = _put(np.zeros((256, 128), np.int8)), _put(np.ones(128, np.float32))
     with pytest.raises(
         ValueError, match=r"fused_linear: form must be one of \('int8', 'ternary-int8', 'ternary-2bit'\)"
     ):
@@ -279,24 +291,25 @@ def test_a_fused_layer_is_one_kernel_call_and_bad_inputs_are_refused():
     ):
         fused_linear(x, codes, scale, form="ternary-int8")
     with pytest.raises(ValueError, match=r"fused_linear: expected a float input and int8 codes; got int8 and int8"):
-        fused_linear(x.astype(jnp.int8), codes, scale, form="int8")
+        fused_linear(_put(x_host.astype(np.int8)), codes, scale, form="int8")
     with pytest.raises(ValueError, match=r"fused_linear: x's last axis \(255\) must equal the kernel's rows \(256\)"):
-        fused_linear(x[..., :255], codes, scale, form="int8")
+        fused_linear(_put(x_host[..., :255]), codes, scale, form="int8")
     with pytest.raises(ValueError, match=r"fused_linear: input bits must be 8 or 4; got 2"):
         fused_linear(x, codes, scale, form="int8", bits=2)
-    packed, scales = jnp.zeros((8, 16, 128), jnp.int8), jnp.ones((8, 128), jnp.float32)  # int4, groups of 32
+    packed, scales = _put(np.zeros((8, 16, 128), np.int8)), _put(np.ones((8, 128), np.float32))  # int4, groups of 32
     with pytest.raises(ValueError, match=r"fused_linear: form must be one of \('int4', 'int2'\); got 'int8'"):
         fused_grouped_linear(x, packed, scales, form="int8")
     with pytest.raises(ValueError, match=r"fused_linear: expected scales of shape \(8, 128\); got \(128,\)"):
-        fused_grouped_linear(x, packed, scales[0], form="int4")
+        fused_grouped_linear(x, packed, _put(np.ones(128, np.float32)), form="int4")
     with pytest.raises(ValueError, match=r"fused_linear: x's last axis \(255\) must equal groups x group \(256\)"):
-        fused_grouped_linear(x[..., :255], packed, scales, form="int4")
+        fused_grouped_linear(_put(x_host[..., :255]), packed, scales, form="int4")
     with pytest.raises(ValueError, match=r"fused_linear: input bits must be 8 or 4; got 2"):
         fused_grouped_linear(x, packed, scales, form="int4", bits=2)
     with pytest.raises(ValueError, match=r"fused_linear: expected packed bytes of shape \(groups, group / per, n\)"):
-        fused_grouped_linear(x, packed[0], scales, form="int4")
+        fused_grouped_linear(x, _put(np.zeros((16, 128), np.int8)), scales, form="int4")
     with pytest.raises(ValueError, match=r"fused_linear: a group's packed rows must be a power of two; got 24"):
-        fused_grouped_linear(x[..., :240], jnp.zeros((5, 24, 128), jnp.int8), scales[:5], form="int4")
+        odd = _put(np.zeros((5, 24, 128), np.int8))
+        fused_grouped_linear(_put(x_host[..., :240]), odd, _put(np.ones((5, 128), np.float32)), form="int4")
     with pytest.raises(ValueError, match=r"fused_linear: block_k=64 must be a multiple of 128 or equal packed rows"):
         fused_grouped_linear(x, packed, scales, form="int4", blocks=Blocks(64, 128), interpret=True)
 
@@ -310,32 +323,33 @@ def test_a_fused_layer_is_one_kernel_call_and_bad_inputs_are_refused():
     ],
 )
 def test_blocks_that_break_the_tpu_rule_are_refused_naming_value_block_and_rule(blocks, message):
-    q = jnp.zeros((1, 256), jnp.int8)
+    q = _put(np.zeros((1, 256), np.int8))
     with pytest.raises(ValueError, match=message):
-        int8_accumulate(q, jnp.zeros((256, 384), jnp.int8), blocks=blocks, interpret=True)
+        int8_accumulate(q, _put(np.zeros((256, 384), np.int8)), blocks=blocks, interpret=True)
 
 
 def test_grouped_blocks_must_hold_whole_groups():
-    q = jnp.zeros((1, 1024), jnp.int8)
-    packed = jnp.zeros((32, 16, 128), jnp.int8)  # int4: 512 packed rows, 16 a group
+    q = _put(np.zeros((1, 1024), np.int8))
+    packed = _put(np.zeros((32, 16, 128), np.int8))  # int4: 512 packed rows, 16 a group
     with pytest.raises(ValueError, match=r"grouped_sum: block_k=136 must divide packed rows=512"):
-        grouped_sum(q, packed, jnp.ones((32, 128), jnp.float32), bits=4, blocks=Blocks(136, 128), interpret=True)
+        grouped_sum(q, packed, _put(np.ones((32, 128), np.float32)), bits=4, blocks=Blocks(136, 128), interpret=True)
     with pytest.raises(ValueError, match=r"Blocks: block_k must be an int >= 1; got 0"):
         Blocks(0, 128)
 
 
 def test_an_unknown_method_and_shapes_the_vector_unit_does_not_take_are_refused():
-    q = jnp.zeros((1, 256), jnp.int8)
+    q = _put(np.zeros((1, 256), np.int8))
     with pytest.raises(ValueError, match=r"int8_accumulate: method must be one of \('mxu', 'vpu'\); got 'gpu'"):
-        int8_accumulate(q, jnp.zeros((256, 128), jnp.int8), interpret=True, method="gpu")
+        int8_accumulate(q, _put(np.zeros((256, 128), np.int8)), interpret=True, method="gpu")
     with pytest.raises(ValueError, match=r"kernel_method: method must be one of \('mxu', 'vpu'\); got 'tpu'"):
         with kernel_method("tpu"):
             pass
     with pytest.raises(ValueError, match=r"int8_accumulate: method='vpu' needs packed rows a multiple of 8; got 12"):
-        int8_accumulate(jnp.zeros((1, 12), jnp.int8), jnp.zeros((12, 128), jnp.int8), interpret=True, method="vpu")
-    packed = jnp.zeros((2, 64, 128), jnp.int8)  # int4 groups of 128: 64 packed rows a group
+        twelve = _put(np.zeros((12, 128), np.int8))
+        int8_accumulate(_put(np.zeros((1, 12), np.int8)), twelve, interpret=True, method="vpu")
+    packed = _put(np.zeros((2, 64, 128), np.int8))  # int4 groups of 128: 64 packed rows a group
     with pytest.raises(ValueError, match=r"grouped_sum: method='vpu' needs a group of 8, 16 or 32 packed rows"):
-        grouped_sum(q, packed, jnp.ones((2, 128), jnp.float32), bits=4, interpret=True, method="vpu")
+        grouped_sum(q, packed, _put(np.ones((2, 128), np.float32)), bits=4, interpret=True, method="vpu")
 
 
 def _kernel_dots(fn) -> int:
@@ -344,18 +358,18 @@ def _kernel_dots(fn) -> int:
 
 
 def test_the_method_context_and_the_vpu_layers_choose_the_product_when_traced():
-    q, codes = jnp.ones((1, 128), jnp.int8), jnp.ones((128, 128), jnp.int8)
+    q, codes = _put(np.ones((1, 128), np.int8)), _put(np.ones((128, 128), np.int8))
     assert _kernel_dots(lambda: int8_accumulate(q, codes, interpret=True)) > 0
     with kernel_method("vpu"):
         assert _kernel_dots(lambda: int8_accumulate(q, codes, interpret=True)) == 0
         assert _kernel_dots(lambda: int8_accumulate(q, codes, interpret=True, method="mxu")) > 0
-        wide = jnp.ones((9, 128), jnp.int8)  # more rows than the vector unit takes: the MXU kernel
+        wide = _put(np.ones((9, 128), np.int8))  # more rows than the vector unit takes: the MXU kernel
         assert _kernel_dots(lambda: int8_accumulate(wide, codes, interpret=True)) > 0
     assert _kernel_dots(lambda: int8_accumulate(q, codes, interpret=True)) > 0  # the context is left
     from stejax.lm._configs import CONFIGS
 
     layer = lowbit_linear(np.ones((128, 128), np.int8), np.ones((128,), np.float32), CONFIGS["w8a8"])
-    x = jnp.ones((1, 128), jnp.float32)
+    x = _put(np.ones((1, 128), np.float32))
     for method, dots in (("vpu", 0), ("mxu", 1)):
         model = with_kernel_method(layer, method)
         model.interpret = True
@@ -451,7 +465,7 @@ def test_kernel_logits_equal_the_xla_integer_path(artifacts, config, form):
     from stejax.lm import load_lowbit
 
     xla = load_lowbit(artifacts[config], ternary=form, implementation="xla").model
-    tokens = jnp.asarray(np.random.default_rng(4).integers(0, 256, (2, 5)), jnp.uint8)
+    tokens = _put(np.random.default_rng(4).integers(0, 256, (2, 5)).astype(np.uint8))
     want = np.asarray(_logits(nnx.split(xla), tokens))
     got = np.asarray(_logits(nnx.split(_with_kernels(xla)), tokens))
     if config == "w4a8":  # group scales: float32 sums of the same terms, rounded apart
@@ -467,8 +481,8 @@ def test_vector_unit_logits_equal_the_xla_integer_path(artifacts, config, form):
     from stejax.lm import load_lowbit
 
     xla = load_lowbit(artifacts[config], ternary=form, implementation="xla").model
-    tokens = jnp.asarray(np.random.default_rng(5).integers(0, 256, (1, 7)), jnp.uint8)  # 7 rows: the vector unit
-    x = jnp.asarray(np.random.default_rng(6).normal(size=(1, 7, TINY.width)), jnp.float32)
+    tokens = _put(np.random.default_rng(5).integers(0, 256, (1, 7)).astype(np.uint8))  # 7 rows: the vector unit
+    x = _put(np.random.default_rng(6).normal(size=(1, 7, TINY.width)).astype(np.float32))
     vpu = _with_kernels(xla, "vpu")
     layers = [(a, b) for (_, a), (_, b) in zip(nnx.iter_modules(xla), nnx.iter_modules(vpu), strict=True)]
     layers = [(a, b) for a, b in layers if isinstance(a, LowBitLinear) and a.in_features == TINY.width]
@@ -526,15 +540,15 @@ def _mosaic_matmuls(fn, *args) -> list[str]:
 def test_kernels_lower_for_a_tpu_with_int8_matmuls_at_any_default_precision(precision):
     # Under "highest" a bare jnp.dot would carry contract_precision<fp32>, which Mosaic refuses for int8 operands
     # ("Bad lhs type") when it compiles on the chip.
-    q = jnp.zeros((3, 256), jnp.int8)
+    q = np.zeros((3, 256), np.int8)
     cases = {
-        "int8": (int8_accumulate, q, jnp.zeros((256, 128), jnp.int8)),
-        "ternary": (ternary_accumulate, q, jnp.zeros((1, 64, 128), jnp.int8)),
+        "int8": (int8_accumulate, q, np.zeros((256, 128), np.int8)),
+        "ternary": (ternary_accumulate, q, np.zeros((1, 64, 128), np.int8)),
         "int4": (
             lambda q, p, s: grouped_sum(q, p, s, bits=4),
             q,
-            jnp.zeros((8, 16, 128), jnp.int8),
-            jnp.zeros((8, 128), jnp.float32),
+            np.zeros((8, 16, 128), np.int8),
+            np.zeros((8, 128), np.float32),
         ),
     }
     with jax.default_matmul_precision(precision):
@@ -549,21 +563,21 @@ def test_kernels_lower_for_a_tpu_with_int8_matmuls_at_any_default_precision(prec
 @pytest.mark.parametrize(("rows", "k", "n"), [(1, 2048, 5632), (8, 256, 256), (5, 96, 64)])
 def test_vector_unit_kernels_lower_for_a_tpu_without_a_matmul(rows, k, n):
     # The 1B model's widest layer (loops over row chunks, blocks of 2816 columns), the most rows, whole odd axes.
-    q = jnp.zeros((rows, k), jnp.int8)
+    q = np.zeros((rows, k), np.int8)
     cases = {
-        "int8": (lambda q, c: int8_accumulate(q, c, method="vpu"), q, jnp.zeros((k, n), jnp.int8)),
-        "ternary": (lambda q, p: ternary_accumulate(q, p, method="vpu"), q, jnp.zeros((1, k // 4, n), jnp.int8)),
+        "int8": (lambda q, c: int8_accumulate(q, c, method="vpu"), q, np.zeros((k, n), np.int8)),
+        "ternary": (lambda q, p: ternary_accumulate(q, p, method="vpu"), q, np.zeros((1, k // 4, n), np.int8)),
         "int4": (
             lambda q, p, s: grouped_sum(q, p, s, bits=4, method="vpu"),
             q,
-            jnp.zeros((k // 32, 16, n), jnp.int8),
-            jnp.zeros((k // 32, n), jnp.float32),
+            np.zeros((k // 32, 16, n), np.int8),
+            np.zeros((k // 32, n), np.float32),
         ),
         "int2": (
             lambda q, p, s: grouped_sum(q, p, s, bits=2, method="vpu"),
             q,
-            jnp.zeros((k // 32, 8, n), jnp.int8),
-            jnp.zeros((k // 32, n), jnp.float32),
+            np.zeros((k // 32, 8, n), np.int8),
+            np.zeros((k // 32, n), np.float32),
         ),
     }
     for name, (fn, *args) in cases.items():
