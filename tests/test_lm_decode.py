@@ -62,6 +62,39 @@ def test_greedy_256_bytes_match_the_per_byte_loop(artifacts, config):
     assert [len(t) for t in got.texts] == [256, 256]
 
 
+def test_both_attention_forms_are_the_same_sums():
+    # Heads, width, slots and rows all differ, so a block or diagonal read from the wrong axis cannot pass.
+    from stejax.lm._decode import _attend
+
+    rng = np.random.default_rng(3)
+    batch, context, heads, d = 2, 5, 3, 4
+    q = rng.standard_normal((batch, 1, heads, d)).astype(np.float32)
+    keys, values = (rng.standard_normal((batch, context, heads, d)).astype(np.float32) for _ in range(2))
+    visible = np.array([[1, 1, 0, 1, 0], [0, 1, 1, 1, 1]], bool)[:, None, None, :]
+    attend = jax.jit(_attend, static_argnums=4)
+    got = np.asarray(attend(*jax.device_put((q, keys, values, visible)), "matmul"))
+    want = np.asarray(attend(*jax.device_put((q, keys, values, visible)), "reduce"))
+    assert got.shape == want.shape == (batch, 1, heads * d)
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    # The reference by hand: head g of row b sees only its visible slots.
+    scores = np.einsum("bhd,bkhd->bhk", q[:, 0], keys) / np.sqrt(d)
+    scores = np.where(visible[:, 0], scores, -np.inf)
+    weights = np.exp(scores - scores.max(-1, keepdims=True))
+    weights /= weights.sum(-1, keepdims=True)
+    np.testing.assert_allclose(got[:, 0], np.einsum("bhk,bkhd->bhd", weights, values).reshape(batch, -1), rtol=1e-5)
+
+
+@pytest.mark.parametrize("config", ["float", "w1.58a8"])
+def test_matmul_attention_decodes_like_the_per_byte_loop(artifacts, config):
+    # The accelerator's attention (every head of a row as one block-diagonal product), run on CPU.
+    loaded = _load(artifacts, config)
+    key = jax.random.key(0)
+    with jax.debug_key_reuse(False):
+        expected = [generate(loaded.reference, p, tokens=256, key=key, temperature=0).tokens for p in PROMPTS]
+    got = decode(loaded.model, list(PROMPTS), tokens=256, key=key, temperature=0, attention="matmul")
+    assert got.texts == tuple(expected)
+
+
 @pytest.mark.parametrize(
     ("config", "form"), [("w8a8", "int8"), ("w4a8", "int8"), ("w2a8", "int8"), ("w1.58a8", "2bit")]
 )
@@ -176,6 +209,7 @@ def test_llama_norm_placement_decodes_like_the_loop():
         ([b"a"], {"top_p": 1.5}, r"top_p must lie in \(0, 1\]; got 1.5"),
         ([b"a"], {"top_k": 0}, r"top_k must be an int >= 1 \(or None for all 256 bytes\); got 0"),
         ([b""], {}, r"prompt 0 must be non-empty bytes; got b''"),
+        ([b"a"], {"attention": "flash"}, r"attention must be 'matmul', 'reduce' or None; got 'flash'"),
     ],
 )
 def test_bad_input_is_refused_naming_expected_and_got(artifacts, prompts, kwargs, message):
@@ -250,7 +284,8 @@ def _primitives(jaxpr: Any, into: dict[str, int]) -> dict[str, int]:
     return into
 
 
-def test_the_decode_loop_writes_every_row_at_once():
+@pytest.mark.parametrize("attention", ["reduce", "matmul"])
+def test_the_decode_loop_writes_every_row_at_once(attention):
     # Per-row cache writes were scatters (one per row, layer, keys and values) inside the loop: none now.
     from stejax.lm import _decode
 
@@ -264,7 +299,7 @@ def test_the_decode_loop_writes_every_row_at_once():
     scalars = (np.float32(0), np.int32(256), np.float32(1))
     args = (state, cache, *jax.device_put(host[:3]))
     args += (*jax.device_put(host[3:]), keys, jax.device_put(scalars))
-    jaxpr = jax.make_jaxpr(lambda *a: _decode._decode_loop.__wrapped__(graphdef, *a))(*args, table, lengths)
+    jaxpr = jax.make_jaxpr(lambda *a: _decode._decode_loop.__wrapped__(graphdef, attention, *a))(*args, table, lengths)
     loops = [e for e in jaxpr.jaxpr.eqns if e.primitive.name == "while"]
     assert len(loops) == 1
     body = _primitives(loops[0].params["body_jaxpr"].jaxpr, {})

@@ -167,8 +167,47 @@ def _rotary_rows(x: jax.Array, positions: jax.Array) -> jax.Array:
     return jnp.swapaxes(rotary(jnp.swapaxes(x, 0, 1), positions), 0, 1)
 
 
+def _attend(q: jax.Array, keys: jax.Array, values: jax.Array, visible: jax.Array, attention: str) -> jax.Array:
+    """One query per row over its cache: ``q`` ``(batch, 1, heads, d)``, ``keys`` and ``values``
+    ``(batch, context, heads, d)``, ``visible`` ``(batch, 1, 1, context)``; ``(batch, 1, heads * d)``.
+
+    ``"reduce"``: per head, a product with each slot's key and a sum over ``d`` (what a CPU does well).
+    ``"matmul"``: every head of a row as one product, for an accelerator's matrix unit. Row ``b``'s queries
+    form a block-diagonal ``(heads, heads * d)`` matrix, head ``g``'s query in block ``g`` and zeros elsewhere,
+    multiplied with the row's keys as one ``(context, heads * d)`` matrix: the scores of every head and slot.
+    The weights times the values as one ``(context, heads * d)`` matrix give each head's output in its own
+    block, read off the diagonal. Each score and output is the same sum of the same products (the zeros add
+    exact zeros), in another order. The products do ``heads`` times the arithmetic of the sums, which a matrix
+    unit has to spare at decoding's one query a row, and read the cache once in its stored layout: as
+    multiply-and-sum the TPU compiler lays the heads across its vector lanes, a cost that grows with every row.
+    """
+    b, _, heads, d = q.shape
+    context = keys.shape[1]
+    if attention == "reduce":
+        scores = jnp.einsum("bqhd,bkhd->bhqk", q, keys) / math.sqrt(d)
+        weights = jax.nn.softmax(jnp.where(visible, scores, -jnp.inf), axis=-1)
+        return jnp.einsum("bhqk,bkhd->bqhd", weights, values).reshape(b, 1, heads * d)
+    eye = jnp.eye(heads, dtype=q.dtype)[None, :, :, None]  # (1, heads, heads, 1)
+    block = (eye * q).reshape(b, heads, heads * d)  # row g: head g's query in block g
+    scores = jnp.einsum("bge,bke->bgk", block, keys.reshape(b, context, heads * d))[:, :, None, :] / math.sqrt(d)
+    weights = jax.nn.softmax(jnp.where(visible, scores, -jnp.inf), axis=-1)
+    mixed = jnp.einsum("bgk,bke->bge", weights[:, :, 0, :], values.reshape(b, context, heads * d))
+    return jnp.diagonal(mixed.reshape(b, heads, heads, d), axis1=1, axis2=2).transpose(0, 2, 1).reshape(b, 1, -1)
+
+
+def _default_attention() -> str:
+    """``"reduce"`` on a CPU, ``"matmul"`` on an accelerator (see :func:`_attend`)."""
+    return "reduce" if jax.default_backend() == "cpu" else "matmul"
+
+
 def _step(
-    model: Any, tokens: jax.Array, positions: jax.Array, slot: jax.Array, slot_positions: jax.Array, cache: Any
+    model: Any,
+    tokens: jax.Array,
+    positions: jax.Array,
+    slot: jax.Array,
+    slot_positions: jax.Array,
+    cache: Any,
+    attention: str = "reduce",
 ) -> tuple[jax.Array, Any]:
     """One new byte per row through the model: logits float32 ``(batch, 256)`` and the cache with it written.
 
@@ -176,7 +215,7 @@ def _step(
     ``r`` is at its own position ``positions[r]`` (rotary angles, learned positions, the causal mask), and
     every row writes its keys and values at one shared cache slot ``slot``, so that the write is one
     ``dynamic_update_slice`` and not a per-row scatter. ``slot_positions`` ``(batch, context)`` gives the
-    position held by each slot of each row.
+    position held by each slot of each row. ``attention``: how the query meets the cache (:func:`_attend`).
     """
     x = model.embed(tokens.astype(jnp.int32))[:, None, :]
     if model.config.positions == "learned":
@@ -194,9 +233,7 @@ def _step(
         keys = jax.lax.dynamic_update_slice(layer.keys, k.astype(layer.keys.dtype), (0, slot, 0, 0))
         values = jax.lax.dynamic_update_slice(layer.values, v.astype(layer.values.dtype), (0, slot, 0, 0))
         new_cache.append(LayerCache(keys, values))
-        scores = jnp.einsum("bqhd,bkhd->bhqk", q, keys) / math.sqrt(d // attn.heads)
-        weights = jax.nn.softmax(jnp.where(visible, scores, -jnp.inf), axis=-1)
-        out = jnp.einsum("bhqk,bkhd->bqhd", weights, values).reshape(b, 1, d)
+        out = _attend(q, keys, values, visible, attention)
         h = x + attn.o(attn.o_norm(out) if attn.subln else out)
         x = h + block.mlp(block.mlp_norm(h))
     x = model.final_norm(x)
@@ -230,9 +267,10 @@ def _prefill(
     return first, cache, keys
 
 
-@functools.partial(jax.jit, static_argnums=0)
+@functools.partial(jax.jit, static_argnums=(0, 1))
 def _decode_loop(
     graphdef: Any,
+    attention: str,
     state: Any,
     cache: Any,
     first: jax.Array,
@@ -258,7 +296,9 @@ def _decode_loop(
     def body(carry: tuple[Any, ...]) -> tuple[Any, ...]:
         out, cache, made, active, count = carry
         last = jax.lax.dynamic_index_in_dim(out, made - 1, axis=1, keepdims=False)
-        logits, cache = _step(model, last, lengths + made - 1, (length + made - 1) % context, slot_positions, cache)
+        logits, cache = _step(
+            model, last, lengths + made - 1, (length + made - 1) % context, slot_positions, cache, attention
+        )
         drawn = _draw_rows(logits, jax.lax.dynamic_index_in_dim(keys, made, axis=1, keepdims=False), settings)
         out = jax.lax.dynamic_update_slice(out, jnp.where(active, drawn, 0).astype(jnp.uint8)[:, None], (0, made))
         count = count + active.astype(jnp.int32)
@@ -281,6 +321,7 @@ def decode(
     top_k: int | None = None,
     top_p: float = 1.0,
     stop: bytes | Sequence[bytes] = (),
+    attention: str | None = None,
 ) -> Decoding:
     """Generate up to ``tokens`` bytes after each prompt: one prefill call, then one compiled loop.
 
@@ -294,13 +335,18 @@ def decode(
       top_k: keep the ``top_k`` most likely bytes (None: all 256).
       top_p: keep the smallest set of bytes whose probability reaches ``top_p`` (1: all).
       stop: a byte string, or up to four, that ends a row when its generated bytes end with it.
+      attention: how each decoding step attends to the cache: ``"matmul"``, every head of a row as one
+        block-diagonal product (for an accelerator's matrix unit; its cost hardly grows with the batch), or
+        ``"reduce"``, a product and sum per head (fewer operations, for a CPU). None: ``"reduce"`` on a CPU,
+        ``"matmul"`` elsewhere. Both give the same sums in another order.
 
     Returns:
       A :class:`Decoding`: the texts, time to the first byte, total time, and the compile count.
 
     Raises:
       ValueError: no prompts, an empty prompt or one too long for the context, ``tokens`` < 1,
-        ``temperature`` < 0, ``top_k`` < 1, ``top_p`` outside (0, 1], or a stop sequence over 16 bytes.
+        ``temperature`` < 0, ``top_k`` < 1, ``top_p`` outside (0, 1], a stop sequence over 16 bytes, or an
+        attention other than ``"matmul"``, ``"reduce"`` or None.
 
     Example:
       >>> import jax
@@ -319,6 +365,8 @@ def decode(
     if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:
         raise ValueError(f"decode: tokens must be an int >= 1; got {tokens!r}.")
     check_sampling(temperature, top_k, top_p, where="decode")
+    if attention not in (None, "matmul", "reduce"):
+        raise ValueError(f"decode: attention must be 'matmul', 'reduce' or None; got {attention!r}.")
     for i, prompt in enumerate(prompts):
         if not isinstance(prompt, bytes) or not prompt:
             raise ValueError(f"decode: prompt {i} must be non-empty bytes; got {prompt!r}.")
@@ -351,6 +399,7 @@ def decode(
         live = jnp.asarray(np.arange(batch) < rows)
         out, count = _decode_loop(
             graphdef,
+            _default_attention() if attention is None else attention,
             state,
             cache,
             first,
