@@ -69,7 +69,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.one is None:
         # One process per batch, tried up to three times: the deviceless compiler now and then never finishes
-        # a compilation of the loop (on a two-core machine, about one in three).
+        # a compilation of the loop.
         rows = []
         for batch in args.batches.split(","):
             command = [sys.executable, __file__, "--topology", args.topology, "--one", batch]
