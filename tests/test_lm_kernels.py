@@ -297,20 +297,26 @@ def test_a_fused_layer_is_one_kernel_call_and_bad_inputs_are_refused():
     with pytest.raises(ValueError, match=r"fused_linear: input bits must be 8 or 4; got 2"):
         fused_linear(x, codes, scale, form="int8", bits=2)
     packed, scales = _put(np.zeros((8, 16, 128), np.int8)), _put(np.ones((8, 128), np.float32))  # int4, groups of 32
-    with pytest.raises(ValueError, match=r"fused_linear: form must be one of \('int4', 'int2'\); got 'int8'"):
+    with pytest.raises(ValueError, match=r"fused_grouped_linear: form must be one of \('int4', 'int2'\); got 'int8'"):
         fused_grouped_linear(x, packed, scales, form="int8")
-    with pytest.raises(ValueError, match=r"fused_linear: expected scales of shape \(8, 128\); got \(128,\)"):
+    with pytest.raises(ValueError, match=r"fused_grouped_linear: expected scales of shape \(8, 128\); got \(128,\)"):
         fused_grouped_linear(x, packed, _put(np.ones(128, np.float32)), form="int4")
-    with pytest.raises(ValueError, match=r"fused_linear: x's last axis \(255\) must equal groups x group \(256\)"):
+    with pytest.raises(
+        ValueError, match=r"fused_grouped_linear: x's last axis \(255\) must equal groups x group \(256\)"
+    ):
         fused_grouped_linear(_put(x_host[..., :255]), packed, scales, form="int4")
-    with pytest.raises(ValueError, match=r"fused_linear: input bits must be 8 or 4; got 2"):
+    with pytest.raises(ValueError, match=r"fused_grouped_linear: input bits must be 8 or 4; got 2"):
         fused_grouped_linear(x, packed, scales, form="int4", bits=2)
-    with pytest.raises(ValueError, match=r"fused_linear: expected packed bytes of shape \(groups, group / per, n\)"):
+    with pytest.raises(
+        ValueError, match=r"fused_grouped_linear: expected packed bytes of shape \(groups, group / per, n\)"
+    ):
         fused_grouped_linear(x, _put(np.zeros((16, 128), np.int8)), scales, form="int4")
-    with pytest.raises(ValueError, match=r"fused_linear: a group's packed rows must be a power of two; got 24"):
+    with pytest.raises(ValueError, match=r"fused_grouped_linear: a group's packed rows must be a power of two; got 24"):
         odd = _put(np.zeros((5, 24, 128), np.int8))
         fused_grouped_linear(_put(x_host[..., :240]), odd, _put(np.ones((5, 128), np.float32)), form="int4")
-    with pytest.raises(ValueError, match=r"fused_linear: block_k=64 must be a multiple of 128 or equal packed rows"):
+    with pytest.raises(
+        ValueError, match=r"fused_grouped_linear: block_k=64 must be a multiple of 128 or equal packed rows"
+    ):
         fused_grouped_linear(x, packed, scales, form="int4", blocks=Blocks(64, 128), interpret=True)
 
 

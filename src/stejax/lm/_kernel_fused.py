@@ -421,7 +421,7 @@ def fused_grouped_fits(rows: int, k: int, n: int, group: int, form: str) -> bool
     per_group = group // per
     blocks = fused_grouped_blocks(k // group, group, n, form)
     try:
-        blocks.check(k // group * per_group, n, where="fused_linear", multiple_k=per_group)
+        blocks.check(k // group * per_group, n, where="fused_grouped_linear", multiple_k=per_group)
     except ValueError:
         return False
     few = -(-rows // 8) * 8
@@ -570,18 +570,18 @@ def _fused_grouped_linear(
     blocks: Blocks | None,
     interpret: bool,
 ) -> jax.Array:
-    groups, group, n = _check_grouped(x, packed, scale, form, bits, "fused_linear")
+    groups, group, n = _check_grouped(x, packed, scale, form, bits, "fused_grouped_linear")
     wbits = 4 if form == "int4" else 2
     per = 8 // wbits
     per_group = group // per
     if per_group & (per_group - 1):
-        raise ValueError(f"fused_linear: a group's packed rows must be a power of two; got {per_group}.")
+        raise ValueError(f"fused_grouped_linear: a group's packed rows must be a power of two; got {per_group}.")
     rows_k, k = groups * per_group, groups * group
     lead = x.shape[:-1]
     xr = x.reshape(-1, k)
     rows = xr.shape[0]
     blocks = fused_grouped_blocks(groups, group, n, form) if blocks is None else blocks
-    blocks.check(rows_k, n, where="fused_linear", multiple_k=per_group)
+    blocks.check(rows_k, n, where="fused_grouped_linear", multiple_k=per_group)
     bk, bn = blocks.block_k, blocks.block_n
     in_block = bk // per_group
     few = -(-rows // 8) * 8
