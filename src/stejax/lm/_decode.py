@@ -14,7 +14,7 @@ r"""Compiled, batched decoding: the prompts in one call, then every new byte ins
 The rows decode in step, and the loop does no per-row work: after the prefill
 each row's cache is rotated once so that row :math:`r`'s position :math:`p`
 sits in slot :math:`(p + s_r) \bmod C` (:math:`s_r` the row's padding,
-:math:`C` the context). The next byte of every row then goes to one shared
+:math:`C` the cache's length). The next byte of every row then goes to one shared
 slot (one ``dynamic_update_slice``, not a scatter per row), its bytes and keys
 are read as one column, and the causal mask compares each slot's position with
 the row's own. A slot whose position lies after the row's last byte (padding
@@ -27,7 +27,10 @@ text for the same key (tested).
 
 Shapes are bucketed so that compiled programs are reused: the batch is padded
 to a power of two (:data:`BATCH_BUCKETS`), the prompt length to a power of two
-of at least 16 (capped at the context), stop sequences to
+of at least 16 (capped at the context), the cache to the power of two that
+holds the longest prompt and the byte budget (capped at the context: every
+step reads the whole cache, so a cache no longer than the call needs is a
+step that reads fewer bytes), stop sequences to
 :data:`STOP_SLOTS` of :data:`STOP_WIDTH` bytes; the byte budget and the
 sampling settings are arrays, never constants. A second call in a bucket
 compiles nothing (:attr:`Decoding.compiles`, from ``jax.monitoring``'s compile
@@ -73,6 +76,7 @@ class Decoding:
       seconds: wall time of prefill and decode together (compilation included when ``compiles`` > 0).
       compiles: XLA compilations during the call (0 when both buckets were compiled before).
       batch_bucket, length_bucket: the padded batch and prompt length.
+      cache_bucket: the cache's length in tokens: :func:`length_bucket` of the longest prompt plus the budget.
     """
 
     texts: tuple[bytes, ...]
@@ -81,6 +85,7 @@ class Decoding:
     compiles: int
     batch_bucket: int
     length_bucket: int
+    cache_bucket: int
 
     @property
     def new_bytes(self) -> int:
@@ -94,7 +99,8 @@ class Decoding:
 
 
 def length_bucket(length: int, context: int) -> int:
-    """The padded prompt length: the least power of two >= ``length`` (at least 16), capped at ``context``."""
+    """The least power of two >= ``length`` (at least 16), capped at ``context``: a padded prompt's length, and
+    the cache's length for the longest prompt plus the byte budget."""
     bucket = _SHORTEST
     while bucket < length:
         bucket *= 2
@@ -169,29 +175,29 @@ def _rotary_rows(x: jax.Array, positions: jax.Array) -> jax.Array:
 
 def _attend(q: jax.Array, keys: jax.Array, values: jax.Array, visible: jax.Array, attention: str) -> jax.Array:
     """One query per row over its cache: ``q`` ``(batch, 1, heads, d)``, ``keys`` and ``values``
-    ``(batch, context, heads, d)``, ``visible`` ``(batch, 1, 1, context)``; ``(batch, 1, heads * d)``.
+    ``(batch, slots, heads, d)``, ``visible`` ``(batch, 1, 1, slots)``; ``(batch, 1, heads * d)``.
 
     ``"reduce"``: per head, a product with each slot's key and a sum over ``d`` (what a CPU does well).
     ``"matmul"``: every head of a row as one product, for an accelerator's matrix unit. Row ``b``'s queries
     form a block-diagonal ``(heads, heads * d)`` matrix, head ``g``'s query in block ``g`` and zeros elsewhere,
-    multiplied with the row's keys as one ``(context, heads * d)`` matrix: the scores of every head and slot.
-    The weights times the values as one ``(context, heads * d)`` matrix give each head's output in its own
+    multiplied with the row's keys as one ``(slots, heads * d)`` matrix: the scores of every head and slot.
+    The weights times the values as one ``(slots, heads * d)`` matrix give each head's output in its own
     block, read off the diagonal. Each score and output is the same sum of the same products (the zeros add
     exact zeros), in another order. The products do ``heads`` times the arithmetic of the sums, which a matrix
     unit has to spare at decoding's one query a row, and read the cache once in its stored layout: as
     multiply-and-sum the TPU compiler lays the heads across its vector lanes, a cost that grows with every row.
     """
     b, _, heads, d = q.shape
-    context = keys.shape[1]
+    slots = keys.shape[1]
     if attention == "reduce":
         scores = jnp.einsum("bqhd,bkhd->bhqk", q, keys) / math.sqrt(d)
         weights = jax.nn.softmax(jnp.where(visible, scores, -jnp.inf), axis=-1)
         return jnp.einsum("bhqk,bkhd->bqhd", weights, values).reshape(b, 1, heads * d)
     eye = jnp.eye(heads, dtype=q.dtype)[None, :, :, None]  # (1, heads, heads, 1)
     block = (eye * q).reshape(b, heads, heads * d)  # row g: head g's query in block g
-    scores = jnp.einsum("bge,bke->bgk", block, keys.reshape(b, context, heads * d))[:, :, None, :] / math.sqrt(d)
+    scores = jnp.einsum("bge,bke->bgk", block, keys.reshape(b, slots, heads * d))[:, :, None, :] / math.sqrt(d)
     weights = jax.nn.softmax(jnp.where(visible, scores, -jnp.inf), axis=-1)
-    mixed = jnp.einsum("bgk,bke->bge", weights[:, :, 0, :], values.reshape(b, context, heads * d))
+    mixed = jnp.einsum("bgk,bke->bge", weights[:, :, 0, :], values.reshape(b, slots, heads * d))
     return jnp.diagonal(mixed.reshape(b, heads, heads, d), axis1=1, axis2=2).transpose(0, 2, 1).reshape(b, 1, -1)
 
 
@@ -214,13 +220,13 @@ def _step(
     The computation of :meth:`Transformer.extend` for a token per row, with two differences of layout: row
     ``r`` is at its own position ``positions[r]`` (rotary angles, learned positions, the causal mask), and
     every row writes its keys and values at one shared cache slot ``slot``, so that the write is one
-    ``dynamic_update_slice`` and not a per-row scatter. ``slot_positions`` ``(batch, context)`` gives the
+    ``dynamic_update_slice`` and not a per-row scatter. ``slot_positions`` ``(batch, slots)`` gives the
     position held by each slot of each row. ``attention``: how the query meets the cache (:func:`_attend`).
     """
     x = model.embed(tokens.astype(jnp.int32))[:, None, :]
     if model.config.positions == "learned":
         x = x + model.position(positions)[:, None, :]
-    visible = (slot_positions <= positions[:, None])[:, None, None, :]  # (batch, 1, 1, context)
+    visible = (slot_positions <= positions[:, None])[:, None, None, :]  # (batch, 1, 1, slots)
     new_cache = []
     for block, layer in zip(model.blocks, cache, strict=True):
         attn = block.attn
@@ -241,28 +247,30 @@ def _step(
     return logits[:, 0].astype(jnp.float32), tuple(new_cache)
 
 
-@functools.partial(jax.jit, static_argnums=0)
+@functools.partial(jax.jit, static_argnums=(0, 1))
 def _prefill(
-    graphdef: Any, state: Any, tokens: jax.Array, lengths: jax.Array, sampling: _Sampling
+    graphdef: Any, span: int, state: Any, tokens: jax.Array, lengths: jax.Array, sampling: _Sampling
 ) -> tuple[jax.Array, Any, jax.Array]:
     """The prompts through :meth:`Transformer.extend`; the first bytes, the cache in the decode layout, the keys.
 
-    The decode layout: row ``r``'s position ``p`` sits in cache slot ``(p + shift_r) % context``,
-    ``shift_r = length_bucket - lengths[r]``, so that every row's next byte goes to the same slot.
-    Returned keys: ``[r, t]`` is the key of row ``r``'s ``t``-th new byte (position ``lengths[r] + t``).
+    The cache holds ``span`` tokens a row (the longest prompt and the byte budget fit). The decode layout: row
+    ``r``'s position ``p`` sits in cache slot ``(p + shift_r) % span``, ``shift_r = length_bucket - lengths[r]``,
+    so that every row's next byte goes to the same slot.
+    Returned keys ``(batch, span)``: ``[r, t]`` is the key of row ``r``'s ``t``-th new byte (position
+    ``lengths[r] + t``).
     """
     model = nnx.merge(graphdef, state)
     batch, length = tokens.shape
     context = model.config.context
     # The cache in the model's own float type (a bfloat16 model reads half the bytes a step).
     dtype = model.embed.embedding[...].dtype
-    cache = jax.tree.map(lambda c: c.astype(dtype), init_cache(model.config, batch))
+    cache = jax.tree.map(lambda c: c.astype(dtype), init_cache(model.config, batch, span))
     logits, cache = model.extend(tokens, cache, 0)
     rows = jnp.arange(batch)
     shifts = length - lengths
-    source = (jnp.arange(context)[None, :] - shifts[:, None]) % context  # slot -> position, per row
+    source = (jnp.arange(span)[None, :] - shifts[:, None]) % span  # slot -> position, per row
     cache = jax.tree.map(lambda c: c[rows[:, None], source], cache)
-    keys = sampling.keys[rows[:, None], jnp.minimum(lengths[:, None] + jnp.arange(context)[None, :], context - 1)]
+    keys = sampling.keys[rows[:, None], jnp.minimum(lengths[:, None] + jnp.arange(span)[None, :], context - 1)]
     first = _draw_rows(logits[rows, lengths - 1], keys[:, 0], sampling.settings())
     return first, cache, keys
 
@@ -284,9 +292,9 @@ def _decode_loop(
     stop_lengths: jax.Array,
 ) -> tuple[jax.Array, jax.Array]:
     model = nnx.merge(graphdef, state)
-    batch, context = keys.shape
-    slot_positions = (jnp.arange(context)[None, :] - (length - lengths)[:, None]) % context
-    out = jnp.zeros((batch, context), jnp.uint8).at[:, 0].set(first.astype(jnp.uint8))
+    batch, span = keys.shape  # span: the cache's length
+    slot_positions = (jnp.arange(span)[None, :] - (length - lengths)[:, None]) % span
+    out = jnp.zeros((batch, span), jnp.uint8).at[:, 0].set(first.astype(jnp.uint8))
     made = jnp.int32(1)  # bytes made so far by every active row
     active = live & ~_stopped(out, made, stop_table, stop_lengths) & (made < budget)
 
@@ -297,7 +305,7 @@ def _decode_loop(
         out, cache, made, active, count = carry
         last = jax.lax.dynamic_index_in_dim(out, made - 1, axis=1, keepdims=False)
         logits, cache = _step(
-            model, last, lengths + made - 1, (length + made - 1) % context, slot_positions, cache, attention
+            model, last, lengths + made - 1, (length + made - 1) % span, slot_positions, cache, attention
         )
         drawn = _draw_rows(logits, jax.lax.dynamic_index_in_dim(keys, made, axis=1, keepdims=False), settings)
         out = jax.lax.dynamic_update_slice(out, jnp.where(active, drawn, 0).astype(jnp.uint8)[:, None], (0, made))
@@ -354,8 +362,8 @@ def decode(
       >>> from stejax.lm import LMConfig, Transformer, decode
       >>> model = Transformer(LMConfig(context=32, width=32, depth=1, heads=2, hidden=64), rngs=nnx.Rngs(0))
       >>> out = decode(model, [b"ab", b"hello"], tokens=4, key=jax.random.key(0), temperature=0)
-      >>> [len(t) for t in out.texts], out.batch_bucket, out.length_bucket
-      ([4, 4], 2, 16)
+      >>> [len(t) for t in out.texts], out.batch_bucket, out.length_bucket, out.cache_bucket
+      ([4, 4], 2, 16, 16)
     """
     keys.check_key(key)
     context = model.config.context  # type: ignore[attr-defined]
@@ -379,6 +387,7 @@ def decode(
     rows = len(prompts)
     batch = _batch_bucket(rows)
     length = length_bucket(max(len(p) for p in prompts), context)
+    span = length_bucket(max(len(p) for p in prompts) + tokens, context)
     padded = np.zeros((batch, length), np.uint8)
     lengths = np.ones((batch,), np.int32)
     for i, prompt in enumerate(prompts):
@@ -393,7 +402,7 @@ def decode(
             position_keys(keys.consume(key, where="decode: per-position keys"), batch, context),
             *_settings(temperature, top_k, top_p),
         )
-        first, cache, step_keys = _prefill(graphdef, state, jnp.asarray(padded), jnp.asarray(lengths), sampling)
+        first, cache, step_keys = _prefill(graphdef, span, state, jnp.asarray(padded), jnp.asarray(lengths), sampling)
         first = jax.block_until_ready(first)
         first_byte = time.perf_counter() - tic
         live = jnp.asarray(np.arange(batch) < rows)
@@ -417,4 +426,4 @@ def decode(
     finally:
         jax.monitoring.unregister_event_duration_listener(counter)
     texts = tuple(out_np[i, : count_np[i]].tobytes() for i in range(rows))
-    return Decoding(texts, first_byte, seconds, counter.count, batch, length)
+    return Decoding(texts, first_byte, seconds, counter.count, batch, length, span)

@@ -119,9 +119,16 @@ class LayerCache(NamedTuple):
     values: jax.Array  # float32 (batch, context, heads, head_width)
 
 
-def init_cache(config: LMConfig, batch: int) -> tuple[LayerCache, ...]:
-    """An empty cache (zeros) for ``batch`` sequences of up to ``config.context`` tokens."""
-    shape = (batch, config.context, config.heads, config.width // config.heads)
+def init_cache(config: LMConfig, batch: int, length: int | None = None) -> tuple[LayerCache, ...]:
+    """An empty cache (zeros) for ``batch`` sequences of up to ``length`` tokens (default: ``config.context``).
+
+    Raises:
+      ValueError: ``length`` outside ``[1, config.context]``.
+    """
+    length = config.context if length is None else length
+    if not 1 <= length <= config.context:
+        raise ValueError(f"init_cache: length must be in [1, {config.context}] (the context); got {length}.")
+    shape = (batch, length, config.heads, config.width // config.heads)
     return tuple(LayerCache(jnp.zeros(shape, jnp.float32), jnp.zeros(shape, jnp.float32)) for _ in range(config.depth))
 
 
