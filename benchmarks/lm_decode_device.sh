@@ -7,6 +7,7 @@
 #     OUT=tpu-out SET=rest bash benchmarks/lm_decode_device.sh
 #     OUT=tpu-out SET=vpu bash benchmarks/lm_decode_device.sh
 #     OUT=tpu-out SET=small bash benchmarks/lm_decode_device.sh
+#     OUT=tpu-out SET=targets bash benchmarks/lm_decode_device.sh
 #
 # SET=kernels (the default; at most 7.6 minutes on a TPU v5e, mostly compilation, 60 to 100 s for each form of the
 # 1B model): the compiled kernel tests, then the 1B model at batch 1 in bfloat16 and with 2-bit ternary and int8
@@ -17,6 +18,8 @@
 # quantise the input and rescale the output outside the kernel.
 # SET=small (about 3.5 minutes): the 25M model (float32, bfloat16, 2-bit ternary by the kernels and by XLA, and
 # the per-byte loop) at batch 1, and bfloat16 at batches 8 to 256.
+# SET=targets (at most 7.8 minutes): the 1B rows the targets read, side by side from one commit: bfloat16 at
+# batches 1, 16 and 64, then 2-bit ternary, int8 and int4 by the one-call kernels at batch 1.
 #
 # Each run merges its parts with docs/results/lm_decode_device.json as it stands (a row measured again replaces
 # the earlier one), writes that file and docs/img/lm_decode_device.png, and copies both into OUT. A part cut short
@@ -54,8 +57,16 @@ case "$SET" in
       "90|--model 25M --forms bfloat16 --batches 8,64,256 --tokens 64"
     )
     ;;
+  targets)
+    parts=(
+      "150|--model 1B --forms bfloat16 --batches 1,16,64 --tokens 64"
+      "115|--model 1B --forms ternary-2bit@pallas --batches 1 --tokens 64"
+      "105|--model 1B --forms int8@pallas --batches 1 --tokens 64"
+      "95|--model 1B --forms int4@pallas --batches 1 --tokens 64"
+    )
+    ;;
   *)
-    echo "SET must be kernels, rest, vpu or small; got '$SET'" >&2
+    echo "SET must be kernels, rest, vpu, small or targets; got '$SET'" >&2
     exit 2
     ;;
 esac
