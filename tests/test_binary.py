@@ -303,16 +303,27 @@ def test_swish_sign_gradient_is_zero_at_huge_inputs(beta, dtype):
         assert np.isnan(g[6]), mode
 
 
-@pytest.mark.parametrize(
-    ("fn", "params", "area"),
-    [(sign_ste, {"clip": 1.0}, 2.0), (sign_ste, {"clip": 0.5}, 1.0), (approx_sign, {}, 2.0)]
-    + [(swish_sign, {"beta": b}, 2.0) for b in (1.0, 5.0, 10.0)],
-)
-def test_surrogates_integrate_to_the_jump_of_the_forward(fn, params, area):
+INTEGRAL_CASES = [(sign_ste, {"clip": 1.0}, 2.0), (sign_ste, {"clip": 0.5}, 1.0), (approx_sign, {}, 2.0)] + [
+    (swish_sign, {"beta": b}, 2.0) for b in (1.0, 5.0, 10.0)
+]
+
+
+@functools.cache
+def _integral_grid_and_derivatives():
+    """The grid, and every case's declared derivative on it: one jitted program for all cases, not op by op."""
     grid = np.unique(
         np.concatenate([np.linspace(-200.0, 200.0, 400_001), boundary_triplets([-1, -0.5, 0.5, 1], F32)]).astype(F32)
     )
-    d = np.asarray(ENTRIES[fn.__name__].derivative(jax.device_put(grid), **params), np.float64)
+    derivatives = jax.jit(lambda g: [ENTRIES[f.__name__].derivative(g, **p) for f, p, _ in INTEGRAL_CASES])(
+        jax.device_put(grid)
+    )
+    return grid, [np.asarray(d, np.float64) for d in derivatives]
+
+
+@pytest.mark.parametrize(("fn", "params", "area"), INTEGRAL_CASES)
+def test_surrogates_integrate_to_the_jump_of_the_forward(fn, params, area):
+    grid, derivatives = _integral_grid_and_derivatives()
+    d = derivatives[INTEGRAL_CASES.index((fn, params, area))]
     # Trapezoid rule, spacing 1e-3, on float32 values; the tails beyond +-200 are below e^-190.
     np.testing.assert_allclose(np.trapezoid(d, grid.astype(np.float64)), area, rtol=1e-5)
 
@@ -329,12 +340,13 @@ def test_magnitude_aware_sign_on_exact_sum_data(dtype):
         rng = np.random.default_rng(4)
         x = _exact_sum_data(rng, shape, dtype)
         f = functools.partial(magnitude_aware_sign, axis=axis)
-        eager = len(shape) == 2  # one eager case per dtype; the boundary test below is eager too
+        # Under jit only: the boundary test below checks magnitude_aware_sign eagerly too (op by op), for every dtype
+        # and at the specials; each eager shape here would add a dozen programs per dtype on an accelerator.
         # The scale is a constant: no term from d scale / d x.
         expected = np_magnitude_aware_derivative(x, axis)
         t = rng.standard_normal(x.shape).astype(dtype)
         context = f"magnitude_aware_sign {shape} axis={axis}"
-        cases.append((f, x, expected, t, context, np_magnitude_aware_sign(x, axis), eager))
+        cases.append((f, x, expected, t, context, np_magnitude_aware_sign(x, axis), False))
     _check_many(cases)  # every shape in one jitted program
 
 
@@ -359,17 +371,26 @@ def test_magnitude_aware_sign_at_boundaries_and_specials(dtype):
 
 
 def test_magnitude_aware_sign_reduces_every_axis_but_the_channel_axis():
-    x = jax.device_put(np.array([[1.0, -4.0, 1.0], [-3.0, 5.0, -1.0]], F32))
-    np.testing.assert_array_equal(magnitude_aware_sign(x), [[2.0, -4.5, 1.0], [-2.0, 4.5, -1.0]])
-    np.testing.assert_array_equal(magnitude_aware_sign(x, axis=0), [[2.0, -2.0, 2.0], [-3.0, 3.0, -3.0]])
+    def program(x, v, s):  # every call in one jitted program, not op by op
+        return (
+            magnitude_aware_sign(x),
+            magnitude_aware_sign(x, axis=0),
+            magnitude_aware_sign(v, axis=0),
+            magnitude_aware_sign(s, axis=7),
+        )
+
+    x = np.array([[1.0, -4.0, 1.0], [-3.0, 5.0, -1.0]], F32)
+    by_channel, by_row, vector, scalar = jax.jit(program)(*map(jax.device_put, (x, F32([1.0, -3.0]), F32(-0.5))))
+    np.testing.assert_array_equal(by_channel, [[2.0, -4.5, 1.0], [-2.0, 4.5, -1.0]])
+    np.testing.assert_array_equal(by_row, [[2.0, -2.0, 2.0], [-3.0, 3.0, -3.0]])
     # Rank 0 and 1: the whole tensor, whatever the axis.
-    np.testing.assert_array_equal(magnitude_aware_sign(jax.device_put(F32([1.0, -3.0])), axis=0), [2.0, -2.0])
-    assert float(magnitude_aware_sign(jax.device_put(F32(-0.5)), axis=7)) == -0.5
+    np.testing.assert_array_equal(vector, [2.0, -2.0])
+    assert float(scalar) == -0.5
 
 
 def test_magnitude_aware_sign_nan_poisons_only_its_channel():
     x = np.array([[1.0, np.nan], [-3.0, 0.5]], np.float32)
-    y = np.asarray(magnitude_aware_sign(jax.device_put(x)))
+    y = np.asarray(jax.jit(magnitude_aware_sign)(jax.device_put(x)))  # one program, not op by op
     np.testing.assert_array_equal(y[:, 0], [2.0, -2.0])
     assert np.isnan(y[:, 1]).all()
 
@@ -437,14 +458,16 @@ def test_ternary_threshold_zero_splits_subnormals_by_sign(dtype):
 
 def test_ternary_nan_and_inf_in_the_data():
     x = np.array([0.5, np.nan, -2.0], np.float32)
+    # The three calls in one jitted program, not op by op.
+    with_nan, given, with_inf = jax.jit(lambda x, x_inf: (ternary(x), ternary(x, threshold=1.0), ternary(x_inf)))(
+        jax.device_put(x), jax.device_put(F32([0.5, np.inf, -2.0]))
+    )
     # A NaN makes the data-dependent threshold NaN: every output is NaN.
-    assert np.isnan(np.asarray(ternary(jax.device_put(x)))).all()
+    assert np.isnan(np.asarray(with_nan)).all()
     # With a given threshold only the NaN element is NaN.
-    y = np.asarray(ternary(jax.device_put(x), threshold=1.0))
-    np.testing.assert_array_equal(y, [0.0, np.nan, -1.0])
+    np.testing.assert_array_equal(np.asarray(given), [0.0, np.nan, -1.0])
     # An infinity makes the threshold infinite: everything maps to 0.
-    y = np.asarray(ternary(jax.device_put(F32([0.5, np.inf, -2.0]))))
-    assert_bitwise_equal(y, np.zeros(3, np.float32))
+    assert_bitwise_equal(np.asarray(with_inf), np.zeros(3, np.float32))
 
 
 # ----------------------------------------------------------------------------- float64
@@ -562,6 +585,12 @@ def test_non_floating_inputs_are_rejected(name, bad_dtype):
 
 
 def test_python_and_numpy_scalars_are_accepted():
-    assert float(sign_ste(-2.0, clip=np.float32(0.5))) == -1.0
-    assert float(ternary(0.75, threshold=np.float64(0.5))) == 1.0
-    assert float(magnitude_aware_sign(np.float32(-3.0), axis=np.int64(0))) == -3.0
+    # The scalars are the estimators' own arguments inside one jitted program (compiled once, not op by op).
+    values = jax.jit(
+        lambda: (
+            sign_ste(-2.0, clip=np.float32(0.5)),
+            ternary(0.75, threshold=np.float64(0.5)),
+            magnitude_aware_sign(np.float32(-3.0), axis=np.int64(0)),
+        )
+    )()
+    assert [float(v) for v in values] == [-1.0, 1.0, -3.0]
