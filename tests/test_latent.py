@@ -178,11 +178,12 @@ def test_fsq_takes_exactly_the_levels(levels):
 
 def test_fsq_zero_codes_are_positive_zero(dtype):
     z = np.array([[0.0, -0.0, -0.0], [-0.0, -0.1, -0.2], [1e-3, -1e-3, 0.1]], dtype)
-    y = np.asarray(fsq(jax.device_put(z), levels=(8, 5, 3)))
+    y = np.asarray(jax.jit(functools.partial(fsq, levels=(8, 5, 3)))(jax.device_put(z)))  # one program
     assert_bitwise_equal(y, np.zeros_like(z), context="zero codes")
 
 
 def test_fsq_boundaries_are_the_ties():
+    probes = []  # (level, point, [[below], [above]])
     for levels in [(8, 5, 5, 5), (2, 3, 4)]:
         declared = np.asarray(ENTRIES["fsq"].boundaries(levels=levels))
         np.testing.assert_allclose(declared, _fsq_ties(levels), rtol=1e-12, atol=1e-12)
@@ -193,8 +194,14 @@ def test_fsq_boundaries_are_the_ties():
                 slope = 1 - np.tanh(point + _fsq_constants((level,))[2][0]) ** 2
                 margin = max(1e-4, 4 * TANH_ERROR / slope)
                 below, above = boundary_triplets([point - margin, point + margin], np.float32)[[1, 4]]
-                y = np.asarray(fsq(jax.device_put(np.float32([[below], [above]])), levels=(level,)))
-                assert y[1, 0] > y[0, 0], f"no jump at {point} for L={level}"
+                probes.append((level, point, np.float32([[below], [above]])))
+    # Every probe in one jitted program, not op by op.
+    ys = jax.jit(lambda zs: [fsq(z, levels=(level,)) for (level, _, _), z in zip(probes, zs, strict=True)])(
+        [jax.device_put(z) for _, _, z in probes]
+    )
+    for (level, point, _), y in zip(probes, ys, strict=True):
+        y = np.asarray(y)
+        assert y[1, 0] > y[0, 0], f"no jump at {point} for L={level}"
 
 
 def _fsq_derivative_numpy(z, levels):
@@ -242,7 +249,7 @@ def test_fsq_gradient_and_jvp(levels, dtype):
 
 def test_fsq_derivative_at_specials(dtype):
     z = np.array([[np.inf, -np.inf, np.nan]], dtype)
-    grad = np.asarray(jax.grad(lambda z: jnp.sum(fsq(z, levels=(8, 5, 3))))(jax.device_put(z)))
+    grad = np.asarray(jax.jit(jax.grad(lambda z: jnp.sum(fsq(z, levels=(8, 5, 3)))))(jax.device_put(z)))  # one program
     assert grad[0, 0] == 0 and grad[0, 1] == 0 and np.isnan(grad[0, 2].astype(np.float32))
 
 
@@ -271,7 +278,9 @@ def test_fsq_rejects_integer_input():
 
 def test_fsq_levels_may_be_a_list():
     z = jax.device_put(np.float32([[0.3, -0.9]]))
-    assert_bitwise_equal(fsq(z, levels=[8, 5]), np.asarray(fsq(z, levels=(8, 5))), context="list levels")
+    # Both in one jitted program (the same kind of program for the two sides), not op by op.
+    from_list, from_tuple = jax.jit(lambda z: (fsq(z, levels=[8, 5]), fsq(z, levels=(8, 5))))(z)
+    assert_bitwise_equal(from_list, np.asarray(from_tuple), context="list levels")
 
 
 # FSQ codes and indices --------------------------------------------------------------------
@@ -318,7 +327,8 @@ def test_fsq_codes_round_trip_bitwise(levels, dtype):
 
 
 def test_fsq_indices_known_values_and_modulo():
-    codes = fsq_indices_to_codes(jax.device_put(np.array([[0, 1], [39, 40]], np.int32)), levels=(8, 5))
+    indices = jax.device_put(np.array([[0, 1], [39, 40]], np.int32))
+    codes = jax.jit(functools.partial(fsq_indices_to_codes, levels=(8, 5)))(indices)  # one program, not op by op
     expected = np.float32([[[-1, -1], [-0.75, -1]], [[0.75, 1], [-1, -1]]])
     np.testing.assert_array_equal(np.asarray(codes), expected)
 
@@ -354,6 +364,11 @@ def _distances_numpy(z: np.ndarray, codebook: np.ndarray) -> np.ndarray:
     return (diff**2).sum(-1)
 
 
+_vq_all = jax.jit(lambda z, c: (vq_ste(z, c), vq_quantize(z, c), rotation_trick(z, c)))
+# vq_ste jitted, one program per shape and dtype (shared by the cases of a test), not op by op.
+_vq_ste = jax.jit(vq_ste)
+
+
 def test_vq_exact_distances_and_ties_match_numpy(dtype):
     # Small integers: every distance is exact in float32 in any summation order, so the
     # argmin (ties to the lowest index) must agree with NumPy's exactly. Ties abound.
@@ -363,18 +378,19 @@ def test_vq_exact_distances_and_ties_match_numpy(dtype):
     expected_idx = np.argmin(_distances_numpy(z, codebook), axis=-1)
     distances = _distances_numpy(z, codebook)
     assert (np.sort(distances, axis=-1)[:, 1] == distances.min(-1)).any(), "the data must contain ties"
-    out = vq_ste(jax.device_put(z), jax.device_put(codebook))
+    # The three estimators in one jitted program, not op by op.
+    out, quantized, rotated = _vq_all(jax.device_put(z), jax.device_put(codebook))
     np.testing.assert_array_equal(np.asarray(out.indices), expected_idx)
     assert_bitwise_equal(out.quantized, codebook[expected_idx], context="vq_ste")
-    assert_bitwise_equal(vq_quantize(jax.device_put(z), jax.device_put(codebook)), codebook[expected_idx])
-    assert_bitwise_equal(rotation_trick(jax.device_put(z), jax.device_put(codebook)), codebook[expected_idx])
+    assert_bitwise_equal(quantized, codebook[expected_idx])
+    assert_bitwise_equal(rotated, codebook[expected_idx])
 
 
 @pytest.mark.parametrize("order", [(0, 1, 2), (2, 1, 0), (1, 2, 0)])
 def test_vq_exact_tie_goes_to_the_lowest_index(order):
     codes = np.float32([[0.0, 0.0], [1.0, 0.0], [0.5, 0.5]])[list(order)]
     z = np.float32([[0.5, 0.0]])  # 0.25 from each of the three codes
-    out = vq_ste(jax.device_put(z), jax.device_put(codes))
+    out = _vq_ste(jax.device_put(z), jax.device_put(codes))
     assert int(np.asarray(out.indices)[0]) == 0
     assert_bitwise_equal(out.quantized, codes[[0]], context="tie")
 
@@ -386,7 +402,7 @@ def test_vq_random_matches_numpy_within_rounding(dtype):
     codebook = rng.standard_normal((16, dim)).astype(dtype)
     distances = _distances_numpy(z, codebook)
     best = distances.min(-1)
-    out = vq_ste(jax.device_put(z), jax.device_put(codebook))
+    out = _vq_ste(jax.device_put(z), jax.device_put(codebook))
     idx = np.asarray(out.indices)
     chosen = distances[np.arange(len(z)), idx]
     # float32 evaluation of sum_d (z_d - c_d)^2: each distance is within (dim + 3) 2^-24 of
@@ -417,6 +433,7 @@ def test_vq_gradients_and_losses(dtype):
             "jvp": jax.jvp(lambda z: vq_quantize(z, c), (z,), (wj,))[1],
             "commitment": grads(lambda out: out.commitment_loss),
             "codebook": grads(lambda out: out.codebook_loss),
+            "out": vq_ste(z, c),
         }
 
     jitted = jax.jit(program)(zj, cj)
@@ -427,7 +444,7 @@ def test_vq_gradients_and_losses(dtype):
     assert_bitwise_equal(gc, np.zeros_like(codebook), context="no codebook gradient through q")
     assert_bitwise_equal(jitted["jvp"], w, context="jvp")
 
-    out = vq_ste(zj, cj)
+    out = jitted["out"]
     assert out.commitment_loss.dtype == out.codebook_loss.dtype == dtype
     assert out.commitment_loss.shape == ()
     loss = np.mean((z.astype(np.float64) - q) ** 2)
@@ -452,7 +469,7 @@ def test_vq_gradients_and_losses(dtype):
 
 
 def test_vq_result_is_a_named_tuple():
-    out = vq_ste(jax.device_put(np.ones((2, 3), np.float32)), _zeros((4, 3)))
+    out = _vq_ste(jax.device_put(np.ones((2, 3), np.float32)), _zeros((4, 3)))  # jitted: a VQResult comes back too
     assert isinstance(out, VQResult)
     assert out._fields == ("quantized", "indices", "commitment_loss", "codebook_loss")
     assert out.indices.shape == (2,) and jnp.issubdtype(out.indices.dtype, jnp.integer)
@@ -462,9 +479,11 @@ def test_vq_vmap_with_a_shared_codebook():
     rng = np.random.default_rng(6)
     z = jax.device_put(rng.standard_normal((3, 5, 4)).astype(np.float32))
     codebook = jax.device_put(rng.standard_normal((6, 4)).astype(np.float32))
-    for fn in (vq_quantize, rotation_trick):
-        mapped = jax.vmap(fn, in_axes=(0, None))(z, codebook)
-        assert_bitwise_equal(mapped, np.asarray(fn(z, codebook)), context=fn.__name__)
+    fns = (vq_quantize, rotation_trick)
+    # Mapped and unmapped, both estimators, in one jitted program, not op by op.
+    results = jax.jit(lambda z, c: [(jax.vmap(fn, in_axes=(0, None))(z, c), fn(z, c)) for fn in fns])(z, codebook)
+    for fn, (mapped, unmapped) in zip(fns, results, strict=True):
+        assert_bitwise_equal(mapped, np.asarray(unmapped), context=fn.__name__)
 
 
 @pytest.mark.parametrize("fn", [vq_quantize, rotation_trick, vq_ste], ids=lambda f: f.__name__)
@@ -525,8 +544,9 @@ def _rotation_tolerance(dtype) -> float:
 def test_rotation_tangent_matches_numpy(dtype):
     z, codebook, q = _rotation_case(dtype)
     t = np.random.default_rng(8).standard_normal(z.shape).astype(dtype)
-    cj = jax.device_put(codebook)
-    y, ty = jax.jvp(lambda z: rotation_trick(z, cj), (jax.device_put(z),), (jax.device_put(t),))
+    # The jvp in one jitted program, not op by op.
+    jvp = jax.jit(lambda z, c, t: jax.jvp(lambda z: rotation_trick(z, c), (z,), (t,)))
+    y, ty = jvp(jax.device_put(z), jax.device_put(codebook), jax.device_put(t))
     assert_bitwise_equal(y, q, context="forward")
     assert ty.dtype == dtype
     ty_host = np.asarray(ty)
@@ -583,15 +603,18 @@ def test_rotation_tangent_is_linear_and_per_vector():
     rng = np.random.default_rng(13)
     t1, t2 = (rng.standard_normal(z.shape).astype(np.float32) for _ in range(2))
 
-    cj = jax.device_put(codebook)
-
-    def tangent(t):
-        return np.asarray(jax.jvp(lambda z: rotation_trick(z, cj), (z,), (t,))[1])
-
     a, b = np.float32(0.75), np.float32(-1.5)
-    np.testing.assert_allclose(tangent(a * t1 + b * t2), a * tangent(t1) + b * tangent(t2), rtol=1e-5, atol=1e-5)
+
+    def program(z, c, ts):  # the three tangents and the Jacobian in one jitted program, not op by op
+        tangents = [jax.jvp(lambda z: rotation_trick(z, c), (z,), (t,))[1] for t in ts]
+        return tangents, jax.jacfwd(lambda z: rotation_trick(z, c))(z)
+
+    (t_combined, t_1, t_2), jac = jax.jit(program)(
+        jax.device_put(z), jax.device_put(codebook), [jax.device_put(t) for t in (a * t1 + b * t2, t1, t2)]
+    )
+    np.testing.assert_allclose(np.asarray(t_combined), a * np.asarray(t_1) + b * np.asarray(t_2), rtol=1e-5, atol=1e-5)
     # The Jacobian couples the entries of one vector, never two vectors.
-    jac = np.asarray(jax.jacfwd(lambda z: rotation_trick(z, cj))(jax.device_put(z)))
+    jac = np.asarray(jac)
     for i in range(3):
         for j in range(3):
             if i != j:
@@ -617,11 +640,11 @@ def test_rotation_degenerate_cases(dtype):
 
 def test_rotation_tangent_of_tiny_and_huge_vectors_is_finite():
     # The norms are scaled by max|z|, so squares neither underflow nor overflow.
+    jvp = jax.jit(lambda z, c, t: jax.jvp(lambda z: rotation_trick(z, c), (z,), (t,)))  # one program, both scales
     for scale in (1e-30, 1e30):
         z = np.float32([[3.0, 4.0]]) * np.float32(scale)
         codebook = np.float32([[4.0, 3.0]]) * np.float32(scale)
-        run = functools.partial(rotation_trick, codebook=jax.device_put(codebook))
-        _, ty = jax.jvp(run, (jax.device_put(z),), (jax.device_put(np.ones((1, 2), np.float32)),))
+        _, ty = jvp(jax.device_put(z), jax.device_put(codebook), jax.device_put(np.ones((1, 2), np.float32)))
         lam, rot, _, _ = _rotation_numpy(z[0], codebook[0])
         np.testing.assert_allclose(np.asarray(ty)[0], lam * rot @ np.ones(2), rtol=1e-6)
 
@@ -655,23 +678,26 @@ def test_gumbel_forward_matches_numpy(dtype):
 
 def test_gumbel_sample_is_one_hot_and_keyed(dtype):
     logits = jax.device_put(np.zeros((200, 4), dtype))
-    a = np.asarray(gumbel_softmax_st(logits, key=jax.random.key(1)))
-    b = np.asarray(gumbel_softmax_st(logits, key=jax.random.key(1)))
-    c = np.asarray(gumbel_softmax_st(logits, key=jax.random.key(2)))
+
+    # One jitted program, run once per key (not op by op): a sample, and one with another tau.
+    sample = jax.jit(
+        lambda logits, key: (gumbel_softmax_st(logits, key=key), gumbel_softmax_st(logits, key=key, tau=0.3))
+    )
+    (a, with_tau), (b, _), (c, _) = (map(np.asarray, sample(logits, jax.random.key(seed))) for seed in (1, 1, 2))
     assert set(np.unique(a.astype(np.float32))) == {0.0, 1.0}
     np.testing.assert_array_equal(a.astype(np.float32).sum(-1), 1.0)
     assert_bitwise_equal(a, b, context="same key")
     assert (a != c).any()
     # tau shapes only the surrogate.
-    assert_bitwise_equal(np.asarray(gumbel_softmax_st(logits, key=jax.random.key(1), tau=0.3)), a)
+    assert_bitwise_equal(with_tau, a)
 
 
 def test_gumbel_sample_frequencies_follow_softmax(dtype):
     n = 20000
     logits = np.array([1.0, 0.0, -1.0, 0.5, -2.0], dtype)
-    keys = jax.random.split(jax.random.key(3), n)
-    logits_on_device = jax.device_put(logits)
-    samples = jax.vmap(lambda k: gumbel_softmax_st(logits_on_device, key=k))(keys)
+    # The keys and the samples in one jitted program, not op by op.
+    sample = jax.jit(lambda x: jax.vmap(lambda k: gumbel_softmax_st(x, key=k))(jax.random.split(jax.random.key(3), n)))
+    samples = sample(jax.device_put(logits))
     freq = np.asarray(samples).astype(np.float64).mean(0)
     p = _softmax(logits.astype(np.float64))
     # Five binomial standard deviations (seeded, so the outcome is fixed).
@@ -708,7 +734,8 @@ def test_gumbel_tangent_and_gradient_match_numpy(dtype, tau):
 
 
 def test_gumbel_tangent_is_not_diagonal():
-    jac = jax.jacfwd(functools.partial(gumbel_softmax_st, key=jax.random.key(0)))(_zeros(3))
+    # One jitted program, not op by op.
+    jac = jax.jit(lambda x: jax.jacfwd(functools.partial(gumbel_softmax_st, key=jax.random.key(0)))(x))(_zeros(3))
     assert np.all(np.asarray(jac)[~np.eye(3, dtype=bool)] != 0)
 
 
@@ -761,13 +788,20 @@ def test_codebook_argspec_is_truthful(name, dtype):
 def test_fsq_example_shape_and_params_are_truthful():
     dtype = np.float32
     entry = ENTRIES["fsq"]
+
+    def program(params, z, ones):  # both sides of each comparison in the same jitted program, not op by op
+        _, ty = jax.jvp(functools.partial(entry.fn, **params), (z,), (ones,))
+        return entry.fn(z, **params), entry.forward(z, **params), ty, entry.derivative(z, **params)
+
     for params in entry.param_grid():
         shape = entry.example_shape(**params)
         assert shape[-1] == len(params["levels"])
-        z = jax.device_put(np.random.default_rng(0).standard_normal(shape).astype(dtype))
-        assert_bitwise_equal(entry.fn(z, **params), np.asarray(entry.forward(z, **params)), context=str(params))
-        _, ty = jax.jvp(functools.partial(entry.fn, **params), (z,), (jax.device_put(np.ones(shape, dtype)),))
-        assert_bitwise_equal(ty, np.asarray(entry.derivative(z, **params)), context=str(params))
+        z = np.random.default_rng(0).standard_normal(shape).astype(dtype)
+        y, forward, ty, derivative = jax.jit(functools.partial(program, params))(
+            jax.device_put(z), jax.device_put(np.ones(shape, dtype))
+        )
+        assert_bitwise_equal(y, np.asarray(forward), context=str(params))
+        assert_bitwise_equal(ty, np.asarray(derivative), context=str(params))
 
 
 @pytest.mark.needs_float64
