@@ -373,6 +373,12 @@ def test_random_large_model_forms_and_accelerator_rows(tmp_path):
     assert len(again["rows"]) == len(rows) and again["rows"][-1]["step_us"] == later["step_us"]
     assert again["rows"][-1]["commit"] == "later" and again["commit"]["id"] == "later"
     assert {r["commit"] for r in again["rows"][:-1]} == {doc["rows"][0]["commit"]}
+    # A ratio over rows of different runs says so (the rows' commits); over one run's rows it does not.
+    from stejax.bench._lm_decode import _commits_apart
+
+    assert _commits_apart(rows[0], rows[1]) == "" == _commits_apart(again["rows"][0], again["rows"][1])
+    apart = _commits_apart(again["rows"][-1], {**again["rows"][0], "commit": "abc"})
+    assert apart == "; its rows were measured at different commits (abc, later)"
     other = load_results(parts[0])
     other["machine"]["device"] = "some other device"
     (tmp_path / "other.json").write_text(json.dumps(other))

@@ -920,8 +920,17 @@ DEVICE_COLUMNS: list[tuple[str, str] | tuple[str, str, str]] = [
 ]
 
 
+def _commits_apart(*rows: dict[str, Any]) -> str:
+    """A note's tail when the rows of a ratio come from runs at different commits (merged results files)."""
+    ids = sorted({str(r["commit"]) for r in rows if r.get("commit")})
+    return f"; its rows were measured at different commits ({', '.join(ids)})" if len(ids) > 1 else ""
+
+
 def device_figures(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """The accelerator targets, judged on ``rows`` of :func:`device_rows` (those measured)."""
+    """The accelerator targets, judged on ``rows`` of :func:`device_rows` (those measured).
+
+    A ratio's note says when its two rows come from runs at different commits (:func:`merge_device_results`).
+    """
     from stejax.bench.results import Figure
 
     def rate(model: str, weights: str, batch: int = 1, path: str = "compiled") -> dict[str, Any] | None:
@@ -946,7 +955,8 @@ def device_figures(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
                     f"{ratio:.2f}×",
                     target=f"≥ {bound}×",
                     met=ratio >= bound,
-                    note=f"1B, batch 1, the fastest product measured ({row['implementation']})",
+                    note=f"1B, batch 1, the fastest product measured ({row['implementation']})"
+                    + _commits_apart(row, bf16),
                 )
             by = {r["implementation"]: r for r in found}
             if "pallas" in by and "pallas-vpu" in by:
@@ -954,13 +964,18 @@ def device_figures(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
                 out[f"{weights.replace('-', '_')}_vpu_vs_mxu_1B"] = Figure(
                     round(ratio, 2),
                     f"{ratio:.2f}×",
-                    note="1B, batch 1: the vector-unit kernels' bytes/s over the MXU kernels'",
+                    note="1B, batch 1: the vector-unit kernels' bytes/s over the MXU kernels'"
+                    + _commits_apart(by["pallas-vpu"], by["pallas"]),
                 )
         b16 = rate("1B", "bfloat16", 16)
         if b16 is not None:
             ratio = b16["decode_bytes_per_s"] / bf16["decode_bytes_per_s"]
             out["batch16_vs_batch1_1B"] = Figure(
-                round(ratio, 1), f"{ratio:.1f}×", target="≥ 10×", met=ratio >= 10, note="1B bfloat16"
+                round(ratio, 1),
+                f"{ratio:.1f}×",
+                target="≥ 10×",
+                met=ratio >= 10,
+                note="1B bfloat16" + _commits_apart(b16, bf16),
             )
     small = rate("25M", "ternary-2bit")
     for base in ("bfloat16", "float32"):
@@ -968,7 +983,11 @@ def device_figures(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
         if small is not None and other is not None:
             ratio = small["decode_bytes_per_s"] / other["decode_bytes_per_s"]
             out[f"ternary_2bit_vs_{base}_25M"] = Figure(
-                round(ratio, 2), f"{ratio:.2f}×", target="≥ 1.0×", met=ratio >= 1.0, note="25M, batch 1"
+                round(ratio, 2),
+                f"{ratio:.2f}×",
+                target="≥ 1.0×",
+                met=ratio >= 1.0,
+                note="25M, batch 1" + _commits_apart(small, other),
             )
     loops = [r for r in rows if r["path"] == "loop"]
     for loop in loops:
@@ -980,7 +999,7 @@ def device_figures(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
                 f"{ratio:.0f}×",
                 target="≥ 20×",
                 met=ratio >= 20,
-                note=f"{loop['model']} {loop['weights']}, batch 1, prefill included",
+                note=f"{loop['model']} {loop['weights']}, batch 1, prefill included" + _commits_apart(compiled, loop),
             )
     compiles = max((r["compiles"] for r in rows), default=0)
     out["compiles_after_warmup"] = Figure(compiles, str(compiles), target="0", met=compiles == 0)
