@@ -123,6 +123,19 @@ def assert_platform_equal(actual, expected, *, context: str = "") -> None:
         )
 
 
+def recurrence_allowance(expected, steps: int) -> float:
+    """The absolute difference the contract allows between two programs computing one ``steps``-step recurrence.
+
+    A platform that rounds a float32 formula differently in each program it is fused into (the contract's
+    derivative ulps; 0 on CPU, where the bound is 0) may do so at every step, and each step's difference is
+    carried into every later one: ``steps**2 * ulps * eps * max|expected|``. Absolute, not relative, because the
+    recurrence's sums may cancel (a spike's reset subtracts).
+    """
+    expected = np.asarray(expected)
+    ulps = CONTRACT.ulps(expected.dtype)
+    return float(steps**2 * ulps * float(_finfo(expected.dtype).eps) * np.abs(expected.astype(np.float64)).max())
+
+
 # Modules whose every test needs what only the CPU test machine gives (marked here, so that the modules stay as
 # they are); a single test says it with @pytest.mark.needs_cpu("what").
 CPU_ONLY_MODULES = {

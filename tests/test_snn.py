@@ -34,6 +34,8 @@ from stejax.snn import (
 )
 from stejax.testing import assert_surrogate
 
+from helpers import recurrence_allowance
+
 N = 5  # neurons
 B = 3  # batch
 T = 7  # steps
@@ -133,7 +135,10 @@ def test_batch_major_unroll_and_checkpoint_change_nothing():
     np.testing.assert_array_equal(np.swapaxes(np.asarray(bm_out), 0, 1), np.asarray(base_out))
     np.testing.assert_array_equal(np.asarray(unrolled), np.asarray(base_out))
     np.testing.assert_array_equal(np.asarray(checkpointed), np.asarray(base_out))
-    np.testing.assert_allclose(np.asarray(g_checkpointed), np.asarray(g), rtol=1e-6)
+    # Checkpointing recomputes the forward inside the backward, a program of its own on a platform that fuses
+    # float32 formulas in its own order (the contract's allowance over the T steps; 0 on CPU).
+    g = np.asarray(g)
+    np.testing.assert_allclose(np.asarray(g_checkpointed), g, rtol=1e-6, atol=recurrence_allowance(g, T))
     assert np.abs(np.asarray(g)).sum() > 0
 
 
@@ -533,7 +538,10 @@ def test_nnx_modules_delegate_to_the_pure_steps():
                     functools.partial(neuron.step, params), neuron.init_state((B, N)), xs
                 )
             )(xs)
-            np.testing.assert_array_equal(np.asarray(out), np.asarray(expected), err_msg=name)
+            # Bit for bit on CPU; two programs of the same recurrence elsewhere (the contract's allowance).
+            expected = np.asarray(expected)
+            atol = recurrence_allowance(expected, T)
+            np.testing.assert_allclose(np.asarray(out), expected, rtol=0, atol=atol, err_msg=name)
         np.testing.assert_array_equal(np.asarray(step_out), np.asarray(out)[0], err_msg=name)
     trained = {name: sorted(nnx.state(m, nnx.Param).keys()) for name, (m, _) in modules.items()}
     assert trained["recurrent"] == ["decay_logit", "recurrent", "threshold"]

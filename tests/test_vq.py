@@ -420,7 +420,8 @@ def test_metrics_against_numpy():
     np.testing.assert_array_equal(np.asarray(hist), counts)
     assert float(used) == pytest.approx((counts > 0).mean())
     p = counts[counts > 0] / counts.sum()
-    assert float(perp) == pytest.approx(math.exp(-(p * np.log(p)).sum()), rel=1e-5)
+    # exp of the entropy: the platform's exp error (0 on XLA:CPU) on top of float32 rounding.
+    assert float(perp) == pytest.approx(math.exp(-(p * np.log(p)).sum()), rel=1e-5 + _EXP_ERROR)
     assert int(dead) == int((counts == 0).sum())
     assert float(error) == pytest.approx(((z - q) ** 2).sum(-1).mean(), rel=1e-5)
     assert bits_per_sample(64, tokens=4) == 24.0
