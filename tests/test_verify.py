@@ -378,3 +378,16 @@ def test_assert_surrogate_passes_and_fails():
 
     with pytest.raises(AssertionError, match=r"(?s)checks failed.*tangent\[float32\]: .*differ"):
         assert_surrogate(stejax.floor_ste, reference=jnp.floor, derivative=double, dtypes=("float32",))
+
+
+def test_check_catalog_compiles_several_programs_at_once_in_catalog_order(monkeypatch):
+    from stejax.verify import _catalog
+
+    assert [_catalog.compile_workers(n) for n in (1, 2, 3, 5, 8, 13, 64)] == [1, 1, 1, 2, 3, 4, 4]
+    monkeypatch.setattr(_catalog, "compile_workers", lambda: 2)
+    names = ["ceil_ste", "round_ste", "floor_ste"]
+    reports = check_catalog(names=names, dtypes=("bfloat16",))
+    assert list(reports) == names
+    for name in names:
+        assert reports[name].ok, failures(reports[name])
+        assert reports[name].subject == name

@@ -959,9 +959,11 @@ def _elementwise_jacobian(d: np.ndarray, arg_shape, out_shape) -> np.ndarray:
 class SharedProgram:
     """The compiled pieces of several runs, compiled together as one program.
 
-    One compilation instead of one per dtype, parameter set and piece. If the
-    program cannot be traced, compiled or run, each check computes what it
-    needs alone, so that the failure is reported by the check it belongs to.
+    One compilation instead of one per dtype, parameter set and piece. A
+    piece that cannot be traced is left out of the program (the others still
+    share it); if the program cannot be compiled or run, each check computes
+    what it needs alone. Either way a failure is reported by the check it
+    belongs to.
     Tracing happens in the constructor; :meth:`compile` may run in another
     thread while the caller prepares the next program.
     """
@@ -972,29 +974,38 @@ class SharedProgram:
 
     def _trace(self, runs: Sequence[DtypeRun]) -> None:
         self.runs = tuple(runs)
-        self.keys: list[tuple[int, str]] = []
-        pieces = []
+        found: list[tuple[tuple[int, str], tuple[Callable[..., Any], tuple[Any, ...]]]] = []
         for n, run in enumerate(self.runs):
-            try:
-                built = run.pieces(run.shared_pieces())
-            except Exception:
-                continue
-            for name, piece in built.items():
-                self.keys.append((n, name))
-                pieces.append(piece)
-        self.inputs = [inputs for _, inputs in pieces]
-        functions = [f for f, _ in pieces]
+            for name in run.shared_pieces():
+                try:
+                    found.append(((n, name), run.pieces([name])[name]))
+                except Exception:
+                    continue
+        self.keys: list[tuple[int, str]] = []
+        self.inputs: list[tuple[Any, ...]] = []
+        self.lowered: jax.stages.Lowered | None = None
+        self.compiled: jax.stages.Compiled | None = None
+        if found and not self._lower(found):
+            # A piece that cannot be traced is left to its checks, which compute it alone; the
+            # pieces that can still share one program.
+            traceable = [item for item in found if _traces(*item[1])]
+            if traceable and len(traceable) < len(found):
+                self._lower(traceable)
+
+    def _lower(self, found) -> bool:
+        """Lower the pieces ``found`` as one program; whether that worked."""
+        functions = [f for _, (f, _) in found]
+        inputs = [i for _, (_, i) in found]
 
         def program(inputs):
             return [f(*i) for f, i in zip(functions, inputs, strict=True)]
 
-        self.lowered: jax.stages.Lowered | None = None
-        self.compiled: jax.stages.Compiled | None = None
-        if self.keys:
-            try:
-                self.lowered = jax.jit(program).lower(self.inputs)
-            except Exception:
-                self.lowered = None
+        try:
+            self.lowered = jax.jit(program).lower(inputs)
+        except Exception:
+            return False
+        self.keys, self.inputs = [key for key, _ in found], inputs
+        return True
 
     def compile(self) -> None:
         if self.lowered is not None:
@@ -1018,6 +1029,15 @@ class SharedProgram:
         for run in self.runs:
             checks += run.run()
         return checks
+
+
+def _traces(f: Callable[..., Any], inputs: tuple[Any, ...]) -> bool:
+    """Whether ``f(*inputs)`` can be traced (abstractly: nothing is compiled or run)."""
+    try:
+        jax.eval_shape(f, *inputs)
+    except Exception:
+        return False
+    return True
 
 
 def run_checks(runs: Sequence[DtypeRun]) -> list[Check]:

@@ -362,11 +362,15 @@ def _diff_argnums(fn, derivative, args, diff_argnums) -> tuple[int, ...]:
     elif args is None or len(args) == 1 or derivative is None:
         diff = (0,)
     else:
-        # As many leading arguments as the declared derivative returns partials.
+        # As many leading arguments as the declared derivative returns partials: its output's
+        # structure, traced (nothing compiled), or from a call where it cannot be traced.
         try:
-            d = derivative(*args)
+            d = jax.eval_shape(derivative, *args)
         except Exception:
-            d = None
+            try:
+                d = derivative(*args)
+            except Exception:
+                d = None
         diff = tuple(range(len(d))) if isinstance(d, tuple | list) else (0,)
     n_args = 1 if args is None else len(args)
     if not diff or len(set(diff)) != len(diff) or min(diff) < 0 or max(diff) >= n_args:
