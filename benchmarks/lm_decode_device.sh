@@ -12,14 +12,14 @@
 # SET=kernels (the default; at most 7.6 minutes on a TPU v5e, mostly compilation, 60 to 100 s for each form of the
 # 1B model): the compiled kernel tests, then the 1B model at batch 1 in bfloat16 and with 2-bit ternary and int8
 # resident weights, each low-bit layer one Pallas call (FORM@pallas).
-# SET=rest (at most 8.5 minutes): the 1B model with int4 weights at batch 1 and in bfloat16 at batches 16 and 64,
+# SET=rest (at most 8.7 minutes): the 1B model with int4 weights at batch 1 and in bfloat16 at batches 16 and 64,
 # and the 350M model at batch 1 in bfloat16 and every low-bit form.
 # SET=vpu (about 6 minutes): the 1B model's low-bit forms by the vector-unit kernels (FORM@pallas-vpu), which
 # quantise the input and rescale the output outside the kernel.
 # SET=small (about 3.5 minutes): the 25M model (float32, bfloat16, 2-bit ternary by the kernels and by XLA, and
 # the per-byte loop) at batch 1, and bfloat16 at batches 8 to 256.
-# SET=targets (at most 7.8 minutes): the 1B rows the targets read, side by side from one commit: bfloat16 at
-# batches 1, 16 and 64, then 2-bit ternary, int8 and int4 by the one-call kernels at batch 1.
+# SET=targets (at most 7.1 minutes): the 1B rows most targets read, side by side from one commit: bfloat16 at
+# batches 1, 16 and 64, then 2-bit ternary and int8 by the one-call kernels at batch 1 (int4 is in SET=rest).
 #
 # Each run merges its parts with docs/results/lm_decode_device.json as it stands (a row measured again replaces
 # the earlier one), writes that file and docs/img/lm_decode_device.png, and copies both into OUT. A part cut short
@@ -41,7 +41,7 @@ case "$SET" in
     ;;
   rest)
     parts=(
-      "130|--model 1B --forms int4@pallas --batches 1 --tokens 64"
+      "140|--model 1B --forms int4@pallas --batches 1 --tokens 64"
       "150|--model 1B --forms bfloat16 --batches 16,64 --tokens 64"
       "230|--model 350M --forms bfloat16,ternary-2bit@pallas,int8@pallas,int4@pallas --batches 1 --tokens 64"
     )
@@ -60,9 +60,8 @@ case "$SET" in
   targets)
     parts=(
       "150|--model 1B --forms bfloat16 --batches 1,16,64 --tokens 64"
-      "115|--model 1B --forms ternary-2bit@pallas --batches 1 --tokens 64"
-      "105|--model 1B --forms int8@pallas --batches 1 --tokens 64"
-      "95|--model 1B --forms int4@pallas --batches 1 --tokens 64"
+      "125|--model 1B --forms ternary-2bit@pallas --batches 1 --tokens 64"
+      "150|--model 1B --forms int8@pallas --batches 1 --tokens 64"
     )
     ;;
   *)
