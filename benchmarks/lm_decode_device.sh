@@ -12,8 +12,8 @@
 # SET=kernels (the default; at most 7.6 minutes on a TPU v5e, mostly compilation, 60 to 100 s for each form of the
 # 1B model): the compiled kernel tests, then the 1B model at batch 1 in bfloat16 and with 2-bit ternary and int8
 # resident weights, each low-bit layer one Pallas call (FORM@pallas).
-# SET=rest (at most 8.7 minutes): the 1B model with int4 weights at batch 1 and in bfloat16 at batches 16 and 64,
-# and the 350M model at batch 1 in bfloat16 and every low-bit form.
+# SET=rest (at most 6.2 minutes): the 1B model with int4 weights at batch 1, and the 350M model at batch 1 in
+# bfloat16 and every low-bit form.
 # SET=vpu (about 6 minutes): the 1B model's low-bit forms by the vector-unit kernels (FORM@pallas-vpu), which
 # quantise the input and rescale the output outside the kernel.
 # SET=small (about 3.5 minutes): the 25M model (float32, bfloat16, 2-bit ternary by the kernels and by XLA, and
@@ -42,7 +42,6 @@ case "$SET" in
   rest)
     parts=(
       "140|--model 1B --forms int4@pallas --batches 1 --tokens 64"
-      "150|--model 1B --forms bfloat16 --batches 16,64 --tokens 64"
       "230|--model 350M --forms bfloat16,ternary-2bit@pallas,int8@pallas,int4@pallas --batches 1 --tokens 64"
     )
     ;;
