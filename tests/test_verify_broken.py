@@ -8,6 +8,7 @@ and that the correct twin of the estimator passes that check.
 
 from __future__ import annotations
 
+import concurrent.futures
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -17,6 +18,7 @@ import numpy as np
 import pytest
 
 from stejax.verify import check_surrogate
+from stejax.verify._catalog import compile_workers
 
 ROUND_TIES = (-2.5, -1.5, -0.5, 0.5, 1.5, 2.5)
 CLIP_POINTS = (-1.0, 0.0, 1.0)
@@ -260,22 +262,46 @@ CASES = {
 }
 
 
-@pytest.fixture(scope="module")
-def reports():
-    """Each broken estimator checked once, in the dtype its bug shows in."""
-    return {name: check_surrogate(c.broken, dtypes=(c.dtype,), **c.keywords) for name, c in CASES.items()}
+def check_all(calls: list[tuple[Callable[..., Any], dict[str, Any], str]]) -> list[Any]:
+    """``check_surrogate(fn, dtypes=(dtype,), **keywords)`` for each call, in order.
+
+    Where the machine has cores to spare (as ``check_catalog`` counts them), several calls run at once in
+    threads: each report is the one the call makes alone, and their compilations overlap.
+    """
+
+    def one(call):
+        fn, keywords, dtype = call
+        return check_surrogate(fn, dtypes=(dtype,), **keywords)
+
+    workers = compile_workers()
+    if workers == 1:
+        return [one(call) for call in calls]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
+        return list(pool.map(one, calls))
 
 
 @pytest.fixture(scope="module")
-def twin_reports():
-    """Each correct twin checked once per set of keywords and dtype it is used with."""
-    out: dict[Any, Any] = {}
-    for name, c in CASES.items():
-        key = (c.twin.__name__, id(c.keywords), c.dtype)
-        if key not in out:
-            out[key] = check_surrogate(c.twin, dtypes=(c.dtype,), **c.keywords)
-        out[name] = out[key]
-    return out
+def all_reports():
+    """Each broken estimator checked once, in the dtype its bug shows in; each correct twin once per set of
+    keywords and dtype it is used with."""
+    twins: dict[Any, Any] = {}
+    for c in CASES.values():
+        twins.setdefault((c.twin.__name__, id(c.keywords), c.dtype), (c.twin, c.keywords, c.dtype))
+    calls = [(c.broken, c.keywords, c.dtype) for c in CASES.values()] + list(twins.values())
+    done = check_all(calls)
+    broken = dict(zip(CASES, done[: len(CASES)], strict=True))
+    twin = dict(zip(twins, done[len(CASES) :], strict=True))
+    return broken, {name: twin[(c.twin.__name__, id(c.keywords), c.dtype)] for name, c in CASES.items()}
+
+
+@pytest.fixture(scope="module")
+def reports(all_reports):
+    return all_reports[0]
+
+
+@pytest.fixture(scope="module")
+def twin_reports(all_reports):
+    return all_reports[1]
 
 
 @pytest.mark.parametrize("name", list(CASES))
