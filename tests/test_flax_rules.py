@@ -32,7 +32,14 @@ FQ = CATALOG["fake_quant"].fn
 
 
 def _x(shape, seed=0, dtype=jnp.float32):
-    return jnp.asarray(np.random.default_rng(seed).standard_normal(shape), dtype)
+    # The values jnp.asarray gave (float64 draws rounded to float32, then to the dtype), handed over as a transfer:
+    # on an accelerator jnp.asarray compiles a conversion program for each shape and dtype.
+    draws = np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+    return jax.device_put(draws.astype(np.dtype(dtype)))
+
+
+# One compiled program for two models on the same input: the quantised and the float model jitted by one function.
+_BOTH = nnx.jit(lambda a, b, x: (a(x), b(x)))
 
 
 MODELS = {
@@ -46,7 +53,7 @@ MODELS = {
 
 def _example(name, dtype=jnp.float32, seed=0):
     make, shape = MODELS[name]
-    x = jnp.asarray([[1, 2, 3, 4], [5, 6, 7, 8]], jnp.int32) if shape is None else _x(shape, seed, dtype)
+    x = jax.device_put(np.array([[1, 2, 3, 4], [5, 6, 7, 8]], np.int32)) if shape is None else _x(shape, seed, dtype)
     return make, x
 
 
@@ -104,8 +111,8 @@ def _check_identity(name, model, x, dtype):
     assert kinds == expected_kinds, summary(qmodel)
     assert_bitwise_equal(qmodel(x), np.asarray(model(x)), context=f"{name} eager")
     if dtype == jnp.float32:
-        call = nnx.jit(lambda m, x: m(x))
-        assert_bitwise_equal(call(qmodel, x), np.asarray(call(model, x)), context=f"{name} jit")
+        jitted, float_jitted = _BOTH(qmodel, model, x)
+        assert_bitwise_equal(jitted, np.asarray(float_jitted), context=f"{name} jit")
 
 
 def test_the_users_model_is_left_as_it_was():
@@ -139,7 +146,8 @@ def test_a_linear_site_computes_the_estimators_by_hand():
         return product + jnp.reshape(bias, (1, -1))
 
     assert_bitwise_equal(qmodel(x), np.asarray(by_hand(kernel, site.weight_step[...], x)))
-    c = jnp.reshape(jnp.arange(4.0), (1, 4))
+    c = jax.device_put(np.reshape(np.arange(4.0, dtype=np.float32), (1, 4)))
+
     grads = nnx.grad(lambda m: jnp.sum(m(x) * c))(qmodel)
     want_k, want_s = jax.grad(lambda k, s: jnp.sum(by_hand(k, s, x) * c), argnums=(0, 1))(kernel, site.weight_step[...])
     np.testing.assert_allclose(grads["layers"][0]["kernel"][...], want_k, rtol=1e-6)
@@ -238,9 +246,13 @@ def test_attention_rules_quantise_both_products_of_multi_head_attention():
         y = x + attn.out(o)
         return y + model.mlp(model.norm2(y))
 
-    want = by_hand(model, x)
-    np.testing.assert_allclose(qmodel(x), want, rtol=1e-5, atol=1e-5)
-    assert not np.allclose(qmodel(x), model(x), atol=1e-3), "the attention is quantised"
+    @nnx.jit
+    def models_and_by_hand(qmodel, model, x):
+        return qmodel(x), model(x), by_hand(model, x)
+
+    got, float_model, want = (np.asarray(v) for v in models_and_by_hand(qmodel, model, x))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    assert not np.allclose(got, float_model, atol=1e-3), "the attention is quantised"
 
 
 # ----------------------------------------------------------------------------- what Qwix does not do
@@ -278,12 +290,17 @@ def test_binary_and_ternary_weights_on_every_site(weights):
     model = TiedLM(rngs=nnx.Rngs(0))
     _, tokens = _example("tied_lm")
     qmodel = quantize_model(model, [Rule(kinds=("linear", "embed"), weights=weights)], tokens)
-    site = qmodel.block.mlp.fc1.stejax_quant.p0
-    levels = np.unique(np.asarray(site.quantise(1, model.block.mlp.fc1.kernel[...])))
+
+    @nnx.jit
+    def quantised_kernel_and_logits(qmodel, kernel, tokens):
+        return qmodel.block.mlp.fc1.stejax_quant.p0.quantise(1, kernel), qmodel(tokens)
+
+    kernel, logits = quantised_kernel_and_logits(qmodel, model.block.mlp.fc1.kernel[...], tokens)
+    levels = np.unique(np.asarray(kernel))
     assert len(levels) <= {"sign_ste": 2, "magnitude_aware_sign": 128, "ternary": 3}[weights.name]
     if weights.name != "magnitude_aware_sign":
         assert set(levels.tolist()) <= {-1.0, 0.0, 1.0}
-    assert np.all(np.isfinite(qmodel(tokens)))
+    assert np.all(np.isfinite(np.asarray(logits)))
 
 
 @pytest.mark.parametrize("bits", [8, 4, 2])
@@ -315,7 +332,7 @@ def test_every_bit_width_runs_on_cpu_with_forward_mode(bits):
 
 def test_lsq_steps_and_pact_clips_train_per_site():
     model = DigitsCNN(rngs=nnx.Rngs(0))
-    x, y = _x((16, 64), seed=7), jnp.arange(16, dtype=jnp.int32) % 10
+    x, y = _x((16, 64), seed=7), jax.device_put(np.arange(16, dtype=np.int32) % 10)
     rules = [
         Rule(r"head", inputs=Quant("pact", bits=4, init={"alpha": 0.5})),
         Rule(weights=Quant("lsq", bits=4, axis=-1)),
@@ -358,14 +375,16 @@ def test_a_module_the_rules_cannot_see_into_is_listed_as_float():
 def test_calibrate_sets_static_input_scales_from_the_batches():
     model = nnx.Sequential(nnx.Linear(6, 4, rngs=nnx.Rngs(0)))
     qmodel = quantize_model(model, [Rule(inputs=Quant("fake_quant", bits=8, axis=-1))], _x((2, 6)))
-    batches = [_x((5, 6), seed=s) * (s + 1) for s in range(3)]
+    host = [np.asarray(_x((5, 6), seed=s)) * np.float32(s + 1) for s in range(3)]
+    batches = [jax.device_put(b) for b in host]
     assert calibrate(qmodel, batches) == {"layers/0": 1}
-    every = jnp.concatenate(batches)
+    every = jax.device_put(np.concatenate(host))
     np.testing.assert_array_equal(
         qmodel.layers[0].stejax_quant.p0.input_scale[...], absmax_scale(every, bits=8, axis=-1)
     )
     calibrate(qmodel, batches, method="mse")
-    assert np.all(qmodel.layers[0].stejax_quant.p0.input_scale[...] <= absmax_scale(every, bits=8, axis=-1))
+    mse_scale = np.asarray(qmodel.layers[0].stejax_quant.p0.input_scale[...])
+    assert np.all(mse_scale <= np.asarray(absmax_scale(every, bits=8, axis=-1)))
 
 
 def _literal(text):
@@ -391,7 +410,11 @@ def _literal(text):
             TypeError,
             "rule 0 ('.*') at 'conv1': stochastic_round draws random numbers; pass rngs=nnx.Rngs(quant=...)",
         ),
-        (lambda m, x: quantize_model(m, [Rule(weights="sign_ste")], x[:, :10]), ValueError, "failed on the example"),
+        (
+            lambda m, x: quantize_model(m, [Rule(weights="sign_ste")], jax.device_put(np.asarray(x)[:, :10])),
+            ValueError,
+            "failed on the example",
+        ),
         (lambda m, x: quantize_model(m, Rule(weights="sign_ste"), x), TypeError, "rules must be a list of Rule"),
         (lambda m, x: quantize_model(m, ["sign_ste"], x), TypeError, "rules[0] must be a Rule; got 'sign_ste'"),
         (lambda m, x: Rule(kinds="conv"), TypeError, "kinds must be a tuple of kinds, e.g. ('conv',)"),
@@ -414,7 +437,8 @@ def test_strict_false_allows_unused_rules_and_a_model_is_quantised_once():
     with pytest.raises(ValueError, match="already quantised"):
         quantize_model(qmodel, [Rule(weights="sign_ste")], x)
     stochastic = quantize_model(model, [Rule(weights="stochastic_round")], x, rngs=nnx.Rngs(quant=1))
-    assert not np.array_equal(stochastic(x), stochastic(x)), "a new key per call"
+    call = nnx.jit(lambda m, x: m(x))  # the key stream advances through the compiled call
+    assert not np.array_equal(call(stochastic, x), call(stochastic, x)), "a new key per call"
 
 
 def test_save_and_load_quantise_again_identically(tmp_path):
@@ -427,7 +451,8 @@ def test_save_and_load_quantise_again_identically(tmp_path):
         Rule(weights=Quant("lsq", bits=4, group_size=8), inputs=Quant("fake_quant", bits=8)),
     ]
     qmodel = quantize_model(model, rules, x)
-    qmodel.head.stejax_quant.p0.weight_step[...] = qmodel.head.stejax_quant.p0.weight_step[...] * 1.5
+    step = qmodel.head.stejax_quant.p0.weight_step
+    step[...] = jax.device_put(np.asarray(step[...]) * np.float32(1.5))  # a learned value the file must carry
     calibrate(qmodel, [_x((2, 64), seed=9)])  # the example's shape: its eager programs are built already
     path = save_quantized(qmodel, tmp_path / "q.safetensors")
     loaded = load_quantized(DigitsCNN(rngs=nnx.Rngs(1)), path, x)
@@ -447,8 +472,9 @@ def test_the_example_recipe_trains_float_quantises_calibrates_and_fine_tunes(tmp
     assert all(0 <= printed[f"test_accuracy_{k}"] <= 1 for k in ("float", "ptq", "qat_from_float"))
     splits = split(load_digits(), seed=0)
     norm = Normalizer.fit(splits.train.x)
-    test = (jnp.asarray(norm.apply(splits.test.x)), jnp.asarray(splits.test.y))
-    qat = load_quantized(DigitsCNN(rngs=nnx.Rngs(1)), printed["saved"], test[0][:2])
+    test_x = np.asarray(norm.apply(splits.test.x))
+    test = (jax.device_put(test_x), jax.device_put(np.asarray(splits.test.y)))
+    qat = load_quantized(DigitsCNN(rngs=nnx.Rngs(1)), printed["saved"], jax.device_put(test_x[:2]))
     assert qat.stejax_rules == W4A4_RULES
     rows = {r.path: r for r in summary(qat)}
     assert (rows["conv1"].bits, rows["conv2"].bits, rows["head"].bits) == ("w8a8", "w4a4", "w4a4")
