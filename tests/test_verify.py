@@ -5,6 +5,7 @@ The broken estimators, one per class of bug, are in test_verify_broken.py.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import json
 import time
@@ -29,6 +30,7 @@ from stejax.verify import (
     load_callable,
     write_report,
 )
+from stejax.verify._catalog import compile_workers
 
 ROUND_TIES = (-2.5, -1.5, -0.5, 0.5, 1.5, 2.5)
 DEFAULT_DTYPES = ("float16", "bfloat16", "float32")
@@ -93,9 +95,55 @@ def centred_map(args, tangents):
     return _centred_tangent(*args, tangents=tangents)
 
 
+# The reports of the estimators above, made once for the module: several at once where check_catalog would
+# compile several at once (one at a time on two cores), each the report the call makes alone.
+SURROGATE_CALLS = {
+    "readme": lambda: check_surrogate(
+        readme_round, reference=jnp.round, derivative=jnp.ones_like, boundaries=ROUND_TIES
+    ),
+    "clip_round": lambda: check_surrogate(
+        clip_round,
+        reference=_clip_forward,
+        derivative=_clip_derivative,
+        boundaries=(-1.0, 0.0, 1.0),
+        invalid=[((on_device(np.arange(4, dtype=np.int32)),), TypeError), ((on_device(np.ones(3, bool)),), TypeError)],
+    ),
+    # diff_argnums comes from the estimator (surrogate sets it); the step keeps its value in every dtype.
+    "step_quant": lambda: check_surrogate(
+        step_quant,
+        reference=_step_forward,
+        derivative=_step_derivative,
+        args=(np.linspace(-2, 2, 12, dtype=np.float32).reshape(3, 4), np.float32(0.25)),
+        boundaries=tuple((k + 0.5) * 0.25 for k in range(-8, 8)),
+        composition_dtypes="widest",
+    ),
+    "centred_round": lambda: check_surrogate(
+        centred_round, reference=jnp.round, tangent_map=centred_map, args=(np.zeros((2, 8), np.float32),)
+    ),
+    # The rule passes the tangent straight through; the declaration centres it.
+    "round_ste with a centring map": lambda: check_surrogate(
+        stejax.round_ste,
+        reference=jnp.round,
+        tangent_map=centred_map,
+        args=(np.zeros((2, 8), np.float32),),
+        dtypes=("float32",),
+    ),
+}
+
+
 @pytest.fixture(scope="module")
-def readme_report():
-    return check_surrogate(readme_round, reference=jnp.round, derivative=jnp.ones_like, boundaries=ROUND_TIES)
+def surrogate_reports():
+    workers = compile_workers()
+    if workers == 1:
+        return {name: call() for name, call in SURROGATE_CALLS.items()}
+    with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
+        futures = {name: pool.submit(call) for name, call in SURROGATE_CALLS.items()}
+        return {name: future.result() for name, future in futures.items()}
+
+
+@pytest.fixture(scope="module")
+def readme_report(surrogate_reports):
+    return surrogate_reports["readme"]
 
 
 # --- correct estimators pass ---------------------------------------------------------------------
@@ -110,29 +158,15 @@ def test_readme_custom_jvp_round_passes(readme_report):
     assert readme_report.subject == "readme_round"
 
 
-def test_estimator_made_with_surrogate_passes_and_rejects_integers():
-    report = check_surrogate(
-        clip_round,
-        reference=_clip_forward,
-        derivative=_clip_derivative,
-        boundaries=(-1.0, 0.0, 1.0),
-        invalid=[((on_device(np.arange(4, dtype=np.int32)),), TypeError), ((on_device(np.ones(3, bool)),), TypeError)],
-    )
+def test_estimator_made_with_surrogate_passes_and_rejects_integers(surrogate_reports):
+    report = surrogate_reports["clip_round"]
     assert report.ok, failures(report)
     assert report["invalid[0]"].dtype is None
     assert "raised TypeError" in report["invalid[0]"].detail
 
 
-def test_two_differentiable_arguments_with_example_args():
-    # diff_argnums comes from the estimator (surrogate sets it); the step keeps its value in every dtype.
-    report = check_surrogate(
-        step_quant,
-        reference=_step_forward,
-        derivative=_step_derivative,
-        args=(np.linspace(-2, 2, 12, dtype=np.float32).reshape(3, 4), np.float32(0.25)),
-        boundaries=tuple((k + 0.5) * 0.25 for k in range(-8, 8)),
-        composition_dtypes="widest",
-    )
+def test_two_differentiable_arguments_with_example_args(surrogate_reports):
+    report = surrogate_reports["step_quant"]
     assert report.ok, failures(report)
     assert report.environment["diff_argnums"] == (0, 1)
     assert report.environment["composition_dtypes"] == ("float32",)
@@ -140,22 +174,14 @@ def test_two_differentiable_arguments_with_example_args():
     assert "argument 1" in report["tangent[bfloat16]"].detail
 
 
-def test_tangent_map_declaration():
-    args = (np.zeros((2, 8), np.float32),)
-    report = check_surrogate(centred_round, reference=jnp.round, tangent_map=centred_map, args=args)
+def test_tangent_map_declaration(surrogate_reports):
+    report = surrogate_reports["centred_round"]
     assert report.ok, failures(report)
     assert report.environment["declaration"] == "tangent_map"
 
 
-def test_tangent_map_that_the_rule_ignores_is_caught():
-    # The rule passes the tangent straight through; the declaration centres it.
-    report = check_surrogate(
-        stejax.round_ste,
-        reference=jnp.round,
-        tangent_map=centred_map,
-        args=(np.zeros((2, 8), np.float32),),
-        dtypes=("float32",),
-    )
+def test_tangent_map_that_the_rule_ignores_is_caught(surrogate_reports):
+    report = surrogate_reports["round_ste with a centring map"]
     assert "tangent[float32]" in {c.name for c in report.failures}
 
 
@@ -381,10 +407,8 @@ def test_assert_surrogate_passes_and_fails():
 
 
 def test_check_catalog_compiles_several_programs_at_once_in_catalog_order(monkeypatch):
-    from stejax.verify import _catalog
-
-    assert [_catalog.compile_workers(n) for n in (1, 2, 3, 5, 8, 13, 64)] == [1, 1, 1, 2, 3, 4, 4]
-    monkeypatch.setattr(_catalog, "compile_workers", lambda: 2)
+    assert [compile_workers(n) for n in (1, 2, 3, 5, 8, 13, 64)] == [1, 1, 1, 2, 3, 4, 4]
+    monkeypatch.setattr("stejax.verify._catalog.compile_workers", lambda: 2)
     names = ["ceil_ste", "round_ste", "floor_ste"]
     reports = check_catalog(names=names, dtypes=("bfloat16",))
     assert list(reports) == names
