@@ -72,7 +72,8 @@ differently there and then disagrees with its own declaration.
 Cost. Run time is compilation: XLA spends about 10 ms on each fused
 computation, whatever the array size. Everything but the eager forward is
 therefore compiled as one program per function (all dtypes and checks
-together); when that program fails, each check recomputes its own part, so the
+together); a part that cannot be traced is left out of that program, and when
+the program cannot be compiled or run, each check recomputes its own part, so the
 failure is reported by the check it belongs to (jit, scan and checkpoint, whose
 nested composition is checked first, are then computed apart in one more
 program, and each alone only if that fails). Inputs go to the device as
@@ -81,8 +82,9 @@ and bound is host arithmetic.
 :func:`check_estimator` and :func:`check_catalog` run the compositions in the
 widest dtype only (``composition_dtypes="widest"``), the value and tangent
 checks in every dtype, and compile one estimator while checking the previous
-one: the catalog of 25 estimators takes about 35 s of CPU, 24 s on two idle
-cores.
+one (more at once with cores to spare: one per two cores beyond the first, up
+to four): the catalog of 25 estimators takes about 35 s of CPU, 24 s on two
+idle cores.
 """
 
 from stejax.verify._catalog import check_catalog as check_catalog
