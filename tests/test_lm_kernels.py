@@ -73,6 +73,12 @@ def _exact(q: jax.Array, codes: np.ndarray) -> np.ndarray:
     return np.asarray(q, np.int64) @ codes.astype(np.int64)
 
 
+# The pure-JAX references of integer sums, compiled: one program a shape where run op by op each of their operations
+# is one (integer arithmetic, and float32 sums of exact products or to float32 rounding: the same on any program).
+_ternary_reference = jax.jit(ternary_accumulate_reference)
+_grouped_sum_reference = jax.jit(grouped_sum_reference, static_argnames="bits")
+
+
 @pytest.mark.parametrize("method", METHODS)
 @pytest.mark.parametrize(("rows", "k", "n", "blocks"), SHAPES)
 def test_int8_accumulators_equal_the_xla_integer_product(rows, k, n, blocks, interpret, method):
@@ -96,7 +102,7 @@ def test_ternary_2bit_accumulators_equal_the_xla_integer_product(rows, k, n, blo
     if blocks is not None:  # over the packed rows: a quarter of k
         blocks = Blocks(k // 4 // 2 if k // 4 // 2 % 128 == 0 else k // 4, blocks.block_n)
     got = ternary_accumulate(q, packed, blocks=blocks, interpret=interpret, method=method)
-    np.testing.assert_array_equal(got, ternary_accumulate_reference(q, packed))
+    np.testing.assert_array_equal(got, _ternary_reference(q, packed))
     np.testing.assert_array_equal(got, _exact(q, codes))
 
 
@@ -114,7 +120,7 @@ def test_grouped_sums_are_exact_and_match_the_reference(bits, rows, k, n, interp
     ones = _put(np.ones((k // 32, n), np.float32))
     got = grouped_sum(q, packed, ones, bits=bits, interpret=interpret, method=method)
     np.testing.assert_array_equal(got, _exact(q, codes).astype(np.float32))
-    np.testing.assert_array_equal(grouped_sum_reference(q, packed, ones, bits=bits), got)
+    np.testing.assert_array_equal(_grouped_sum_reference(q, packed, ones, bits=bits), got)
     # One group at a time: each group's sum lands on its own scale (a missing or doubled block would show).
     q_host = np.asarray(q)
     for g in (0, k // 32 - 1):
@@ -127,7 +133,7 @@ def test_grouped_sums_are_exact_and_match_the_reference(bits, rows, k, n, interp
     # Real scales: the same float32 products and sums, in the order of the groups, up to float32 rounding.
     scale = _put(rng.uniform(0.001, 0.1, (k // 32, n)).astype(np.float32))
     got = grouped_sum(q, packed, scale, bits=bits, interpret=interpret, method=method)
-    want = np.asarray(grouped_sum_reference(q, packed, scale, bits=bits))
+    want = np.asarray(_grouped_sum_reference(q, packed, scale, bits=bits))
     np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-6 * float(np.abs(want).max()))
 
 
@@ -217,6 +223,11 @@ def _grouped_layer(form: str, k: int, n: int, rng: np.random.Generator, exact: b
     return codes, scale, _put(pack_groups(codes, 32, bits))
 
 
+# The grouped layer's XLA path compiled as one program, its weights arguments: one program a shape, form and bits,
+# which both sets of scales (the same shapes) share.
+_fused_grouped_reference = jax.jit(fused_grouped_reference, static_argnames=("form", "bits"))
+
+
 @pytest.mark.parametrize("bits", [8, 4])
 @pytest.mark.parametrize("form", GROUPED_FORMS)
 @pytest.mark.parametrize(("rows", "k", "n", "blocks"), GROUPED_SHAPES)
@@ -229,8 +240,7 @@ def test_fused_grouped_layer_equals_the_xla_path(rows, k, n, blocks, form, bits,
     codes, mult, packed = _grouped_layer(form, k, n, rng, exact=True)
     got = fused_grouped_linear(x_batch, packed, mult, form=form, bits=bits, blocks=blocks, interpret=interpret)
     assert got.shape == (1, rows, n) and got.dtype == jnp.float32
-    reference = jax.jit(lambda x: fused_grouped_reference(x, packed, mult, form=form, bits=bits))
-    np.testing.assert_array_equal(got, reference(x_batch))
+    np.testing.assert_array_equal(got, _fused_grouped_reference(x_batch, packed, mult, form=form, bits=bits))
     np.testing.assert_array_equal(got, fused_grouped_reference(x_batch, packed, mult, form=form, bits=bits))
     # Real scales: the same float32 products and sums in the same order, but XLA:CPU contracts a product and the
     # running sum into one fused multiply-add inside whichever fusion holds them, and the interpreted kernel and
@@ -238,7 +248,7 @@ def test_fused_grouped_layer_equals_the_xla_path(rows, k, n, blocks, form, bits,
     codes, scale, packed = _grouped_layer(form, k, n, rng, exact=False)
     mult = _put(np.asarray(grouped_multiplier(scale, bits)))
     got = fused_grouped_linear(x_batch, packed, mult, form=form, bits=bits, blocks=blocks, interpret=interpret)
-    want = jax.jit(lambda x: fused_grouped_reference(x, packed, mult, form=form, bits=bits))(x_batch)
+    want = _fused_grouped_reference(x_batch, packed, mult, form=form, bits=bits)
     got, want = np.asarray(got), np.asarray(want)
     np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-6 * float(np.abs(want).max()))
     # The integer forward: the artifact's codes, exact int32 group sums, then sum_g s_g acc_g / s_x.
@@ -445,7 +455,8 @@ PROMPTS = (b"def main():", b"x = y + 1\n")
 def artifacts(tmp_path_factory):
     from stejax.lm._export import export_lm
 
-    model = Transformer(TINY, rngs=nnx.Rngs(params=7))
+    # Initialised as one compiled program (op by op, each initialiser's operations are programs of their own).
+    model = nnx.jit(lambda: Transformer(TINY, rngs=nnx.Rngs(params=7)))()
     root = tmp_path_factory.mktemp("lm_kernels")
     return {c: export_lm(model, c, root / c) for c in ("w8a8", "w4a8", "w1.58a8")}
 
@@ -461,6 +472,7 @@ def _with_kernels(model: nnx.Module, method: str = "mxu") -> nnx.Module:
 
 @jax.jit
 def _logits(state, tokens):
+    """A split model (or layer) on its input, compiled: one program a structure and shapes, weights arguments."""
     return nnx.merge(*state)(tokens)
 
 
@@ -494,7 +506,7 @@ def test_vector_unit_logits_equal_the_xla_integer_path(artifacts, config, form):
     layers = [(a, b) for a, b in layers if isinstance(a, LowBitLinear) and a.in_features == TINY.width]
     assert layers and all(is_vpu_layer(b) for _, b in layers)
     for a, b in layers:  # each layer: the same integer sums, the same float rescaling, bit for bit
-        np.testing.assert_array_equal(jax.jit(lambda x, b=b: b(x))(x), jax.jit(lambda x, a=a: a(x))(x))
+        np.testing.assert_array_equal(_logits(nnx.split(b), x), _logits(nnx.split(a), x))
     want = np.asarray(_logits(nnx.split(xla), tokens))
     got = np.asarray(_logits(nnx.split(vpu), tokens))
     # The whole model: XLA:CPU compiles the float parts (norms, softmax) of the two programs apart, so a logit
