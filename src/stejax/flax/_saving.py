@@ -123,7 +123,8 @@ def load_quantized(
                 f"load_quantized: {path}: {name} is {value.dtype}{list(value.shape)}; the model has "
                 f"{var[...].dtype}{list(var[...].shape)}."
             )
-        var[...] = value
+        # A transfer to where the variable lives (a NumPy value set in place would compile a program per shape).
+        var[...] = jax.device_put(value, var[...].sharding)
     return qmodel
 
 
