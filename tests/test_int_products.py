@@ -192,7 +192,10 @@ def test_einsum_subscripts_outside_the_supported_form_are_refused():
 
 
 def test_rules_take_a_product_kind():
-    model = nnx.Sequential(nnx.Linear(8, 16, rngs=nnx.Rngs(0)), nnx.relu, nnx.Linear(16, 4, rngs=nnx.Rngs(1)))
+    # Models initialised by one compiled program each (not one program per operation).
+    model = nnx.jit(
+        lambda: nnx.Sequential(nnx.Linear(8, 16, rngs=nnx.Rngs(0)), nnx.relu, nnx.Linear(16, 4, rngs=nnx.Rngs(1)))
+    )()
     x = jax.device_put(np.random.default_rng(0).standard_normal((6, 8)).astype(np.float32))
 
     def loss(m):
@@ -217,7 +220,7 @@ def test_rules_take_a_product_kind():
         Rule(product="int4")
     with pytest.raises(ValueError, match=r"gradient_rounding='stochastic' rounds the int8 cotangent"):
         Rule(weights=Quant("lsq", bits=8), gradient_rounding="stochastic")
-    conv = nnx.Conv(3, 4, (3, 3), rngs=nnx.Rngs(0))
+    conv = nnx.jit(lambda: nnx.Conv(3, 4, (3, 3), rngs=nnx.Rngs(0)))()
     with pytest.raises(ValueError, match=r"product='int8' covers products written with dot_general or einsum; a conv"):
         quantize_model(conv, [Rule(product="int8")], np.ones((1, 5, 5, 3), np.float32))
 

@@ -58,14 +58,18 @@ def operands(dtype, *, shape=(2, 3, 24), n=5, seed=0):
     return x.astype(cast), w.astype(cast), x_scale.astype(cast), w_scale.astype(cast)
 
 
+_jitted_product = jax.jit(quantized_matmul, static_argnames="bits")  # one function for every case
+
+
 # Every dtype at 8 bits; 4 bits (other clip bounds, the same code path once the codes are float32) in bfloat16,
 # the dtype whose rounding of the scaled product is coarsest.
 @pytest.mark.parametrize(("dtype", "bits"), [*((d, 8) for d in DTYPES), ("bfloat16", 4)])
 def test_forward_equals_the_integer_reference_bit_for_bit(dtype, bits):
     x, w, sx, sw = operands(dtype)
     expected = reference(x, w, sx, sw, bits)
-    eager = quantized_matmul(x, w, sx, sw, bits=bits)
-    jitted = jax.jit(quantized_matmul, static_argnames="bits")(x, w, sx, sw, bits=bits)
+    operands_on_device = [jax.device_put(a) for a in (x, w, sx, sw)]  # transfers, not copy programs
+    eager = quantized_matmul(*operands_on_device, bits=bits)
+    jitted = _jitted_product(*operands_on_device, bits=bits)
     assert same_bits(eager, expected)
     assert same_bits(jitted, expected)
     nan_rows = np.isnan(np.asarray(expected, np.float32)).all(axis=-1)
