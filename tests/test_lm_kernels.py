@@ -59,6 +59,13 @@ def _put(a: np.ndarray) -> jax.Array:
     return jax.device_put(a)
 
 
+@jax.jit
+def _apply(state, x):
+    """A split model or layer (``nnx.split``) on its input, compiled: one program a structure and shapes, the
+    weights arguments. Both sides of a comparison run through it, so they are the same kind of program."""
+    return nnx.merge(*state)(x)
+
+
 def _inputs(rows: int, k: int, seed: int = 0) -> jax.Array:
     """int8 input codes with the extremes in the first two rows (-128 and 127 everywhere)."""
     rng = np.random.default_rng(seed)
@@ -173,6 +180,13 @@ def _fused_inputs(rows: int, k: int, rng: np.random.Generator) -> tuple[np.ndarr
     return x, _put(x[None])
 
 
+# The layer's XLA path compiled as one program a shape, form and bits, its weights arguments (no constant for XLA's
+# simplifier to fold into the rescale's products), as the model runs it and as the grouped layer's reference is
+# checked bit for bit: the quantiser's division, the rounding and the integer sums in one program, the rescale's
+# products of runtime values in the order written. Op by op, each of its operations is a program of its own.
+_fused_linear_reference = jax.jit(fused_linear_reference, static_argnames=("form", "bits"))
+
+
 @pytest.mark.parametrize("bits", [8, 4])
 @pytest.mark.parametrize("form", FUSED_FORMS)
 @pytest.mark.parametrize(("rows", "k", "n", "blocks"), FUSED_SHAPES)
@@ -184,7 +198,7 @@ def test_fused_layer_equals_the_xla_path_bit_for_bit(rows, k, n, blocks, form, b
         blocks = Blocks(max(128, blocks.block_k // 4), blocks.block_n)
     got = fused_linear(x_batch, resident, mult, form=form, bits=bits, blocks=blocks, interpret=interpret)
     assert got.shape == (1, rows, n) and got.dtype == jnp.float32
-    want = fused_linear_reference(x_batch, resident, mult, form=form, bits=bits)
+    want = _fused_linear_reference(x_batch, resident, mult, form=form, bits=bits)
     got = np.asarray(got)
     np.testing.assert_array_equal(got, want)
     # The integer forward: the artifact's codes (round half to even), exact int32 sums, then s_o / s_x (int8) or
@@ -278,7 +292,8 @@ def test_a_fused_layer_is_one_kernel_call_and_bad_inputs_are_refused():
         inner = {e.primitive.name for e in call.params["jaxpr"].jaxpr.eqns}
         # No XLA quantisation, padding or rescale around the kernel: only reshapes.
         assert inner <= {"pallas_call", "reshape"} and "pallas_call" in inner, (config, ternary, inner)
-        np.testing.assert_array_equal(model(x), layer(x))  # the layer's XLA path (no TPU it has been verified on)
+        # The layer's XLA path (no TPU it has been verified on).
+        np.testing.assert_array_equal(_apply(nnx.split(model), x), _apply(nnx.split(layer), x))
     for config in ("w4a8", "w2a8", "w4a4"):  # grouped weights; multipliers that are powers of two: exact products
         bits = CONFIGS[config].weight_bits
         codes = np.random.default_rng(7).integers(-(1 << (bits - 1)), 1 << (bits - 1), (256, 128))
@@ -290,7 +305,7 @@ def test_a_fused_layer_is_one_kernel_call_and_bad_inputs_are_refused():
         (call,) = [e for e in outer.eqns if e.primitive.name in ("pjit", "jit")]
         inner = {e.primitive.name for e in call.params["jaxpr"].jaxpr.eqns}
         assert inner <= {"pallas_call", "reshape"} and "pallas_call" in inner, (config, inner)
-        np.testing.assert_array_equal(model(x), layer(x))
+        np.testing.assert_array_equal(_apply(nnx.split(model), x), _apply(nnx.split(layer), x))
     codes, scale = _put(np.zeros((256, 128), np.int8)), _put(np.ones(128, np.float32))
     with pytest.raises(
         ValueError, match=r"fused_linear: form must be one of \('int8', 'ternary-int8', 'ternary-2bit'\)"
@@ -470,12 +485,6 @@ def _with_kernels(model: nnx.Module, method: str = "mxu") -> nnx.Module:
     return copy
 
 
-@jax.jit
-def _logits(state, tokens):
-    """A split model (or layer) on its input, compiled: one program a structure and shapes, weights arguments."""
-    return nnx.merge(*state)(tokens)
-
-
 @pytest.mark.parametrize(
     ("config", "form"), [("w8a8", "int8"), ("w1.58a8", "2bit"), ("w1.58a8", "int8"), ("w4a8", "int8")]
 )
@@ -484,8 +493,8 @@ def test_kernel_logits_equal_the_xla_integer_path(artifacts, config, form):
 
     xla = load_lowbit(artifacts[config], ternary=form, implementation="xla").model
     tokens = _put(np.random.default_rng(4).integers(0, 256, (2, 5)).astype(np.uint8))
-    want = np.asarray(_logits(nnx.split(xla), tokens))
-    got = np.asarray(_logits(nnx.split(_with_kernels(xla)), tokens))
+    want = np.asarray(_apply(nnx.split(xla), tokens))
+    got = np.asarray(_apply(nnx.split(_with_kernels(xla)), tokens))
     if config == "w4a8":  # group scales: float32 sums of the same terms, rounded apart
         np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
     else:
@@ -506,9 +515,9 @@ def test_vector_unit_logits_equal_the_xla_integer_path(artifacts, config, form):
     layers = [(a, b) for a, b in layers if isinstance(a, LowBitLinear) and a.in_features == TINY.width]
     assert layers and all(is_vpu_layer(b) for _, b in layers)
     for a, b in layers:  # each layer: the same integer sums, the same float rescaling, bit for bit
-        np.testing.assert_array_equal(_logits(nnx.split(b), x), _logits(nnx.split(a), x))
-    want = np.asarray(_logits(nnx.split(xla), tokens))
-    got = np.asarray(_logits(nnx.split(vpu), tokens))
+        np.testing.assert_array_equal(_apply(nnx.split(b), x), _apply(nnx.split(a), x))
+    want = np.asarray(_apply(nnx.split(xla), tokens))
+    got = np.asarray(_apply(nnx.split(vpu), tokens))
     # The whole model: XLA:CPU compiles the float parts (norms, softmax) of the two programs apart, so a logit
     # may differ by float32 rounding although every layer's integer sums are the same.
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
