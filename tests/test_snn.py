@@ -333,7 +333,7 @@ def test_verifier_checks_the_spike_function_inside_the_neuron_step(surrogate):
 
     report = assert_surrogate(
         spikes_of_step,
-        reference=reference,
+        reference=jax.jit(reference),  # exact operations (comparisons, selections): one program
         derivative=lambda x: entry.derivative(x),
         dtypes=[jnp.float32],
     )
@@ -346,8 +346,9 @@ def test_verifier_checks_the_spike_function_inside_the_neuron_step(surrogate):
 
 def test_rate_encoder_is_reproducible_and_checks_its_input():
     x = np.array([[0.0, 0.25, 1.0]], np.float32)
-    a = np.asarray(rate(x, 400, key=jax.random.key(3)))
-    np.testing.assert_array_equal(a, np.asarray(rate(x, 400, key=jax.random.key(3))))
+    encode = jax.jit(rate, static_argnums=1)  # the draws under jit; the input checks below are eager
+    a = np.asarray(encode(x, 400, key=jax.random.key(3)))
+    np.testing.assert_array_equal(a, np.asarray(encode(x, 400, key=jax.random.key(3))))
     counts = a.sum(axis=0)[0]
     assert counts[0] == 0 and counts[2] == 400 and 70 < counts[1] < 130
     with pytest.raises(ValueError, match=r"intensities in \[0, 1\].*got 1.5"):
@@ -356,7 +357,7 @@ def test_rate_encoder_is_reproducible_and_checks_its_input():
         rate(np.array([np.nan], np.float32), 4, key=jax.random.key(0))
     with pytest.raises(TypeError, match="typed PRNG key"):
         rate(x, 4, key=jax.random.PRNGKey(0))
-    assert rate(x.astype(jnp.bfloat16), 2, key=jax.random.key(0)).dtype == jnp.bfloat16  # exact in bfloat16
+    assert encode(x.astype(jnp.bfloat16), 2, key=jax.random.key(0)).dtype == jnp.bfloat16  # exact in bfloat16
 
 
 def test_latency_and_delta_encoders():
@@ -442,27 +443,37 @@ def test_first_spike_accuracy_spike_stats_and_regularizer():
 # ----------------------------------------------------------------------------- the network
 
 
-# The networks' input spikes, one program for both network tests (the encoder's own checks are tested above).
-_rate_jit = jax.jit(rate, static_argnums=1)
+def _input_spikes(intensity):
+    """The networks' input spikes (T=6, B=4, 8), inside the program that uses them (the encoder is tested above)."""
+    return rate(jnp.full((4, 8), intensity, jnp.float32), 6, key=jax.random.key(1))
 
 
 def test_network_trains_a_step_with_finite_gradients_under_jit():
     net = NetConfig(8, 3, hidden=(6, 5), spike="sigmoid")
-    params = init_net(net, key=jax.random.key(0))
-    x = _rate_jit(np.full((4, 8), 0.5, np.float32), 6, key=jax.random.key(1))
-    out = jax.jit(lambda p, x: forward(net, p, x))(params, x)
-    assert out.traces.shape == (6, 4, 3) and [s.shape for s in out.spikes] == [(6, 4, 6), (6, 4, 5)]
-    g = jax.jit(jax.grad(lambda p: ce_mean_membrane(forward(net, p, x).traces, jnp.array([0, 1, 2, 0]))))(params)
-    assert all(np.isfinite(np.asarray(leaf)).all() for leaf in jax.tree.leaves(g))
-    # Without a surrogate no gradient crosses a spiking layer: only the readout (a leaky
-    # integrator, no spike function between it and the loss) can learn.
     plain = NetConfig(8, 3, hidden=(6, 5), spike="no_surrogate")
-    g = jax.jit(jax.grad(lambda p: ce_mean_membrane(forward(plain, p, x).traces, jnp.array([0, 1, 2, 0]))))(params)
-    assert all(np.abs(np.asarray(leaf)).max() == 0 for leaf in jax.tree.leaves((g.layers, g.neurons)))
-    assert np.abs(np.asarray(g.readout.w)).max() > 0
     ann = NetConfig(8, 3, hidden=(6,), spike=None)
-    out = jax.jit(lambda p, x: forward(ann, p, x))(init_net(ann, key=jax.random.key(0)), x)
-    assert np.all(np.asarray(out.spikes[0]) >= 0)
+    y = np.array([0, 1, 2, 0], np.int32)
+
+    def everything(key):  # one program: the parameters, the input, both forwards and both gradients
+        params = init_net(net, key=key)
+        x = _input_spikes(0.5)
+        return (
+            params,
+            x,
+            forward(net, params, x),
+            jax.grad(lambda p: ce_mean_membrane(forward(net, p, x).traces, y))(params),
+            # Without a surrogate no gradient crosses a spiking layer: only the readout (a leaky
+            # integrator, no spike function between it and the loss) can learn.
+            jax.grad(lambda p: ce_mean_membrane(forward(plain, p, x).traces, y))(params),
+            forward(ann, init_net(ann, key=key), x),
+        )
+
+    params, x, out, g, g_plain, out_ann = jax.jit(everything)(jax.random.key(0))
+    assert out.traces.shape == (6, 4, 3) and [s.shape for s in out.spikes] == [(6, 4, 6), (6, 4, 5)]
+    assert all(np.isfinite(np.asarray(leaf)).all() for leaf in jax.tree.leaves(g))
+    assert all(np.abs(np.asarray(leaf)).max() == 0 for leaf in jax.tree.leaves((g_plain.layers, g_plain.neurons)))
+    assert np.abs(np.asarray(g_plain.readout.w)).max() > 0
+    assert np.all(np.asarray(out_ann.spikes[0]) >= 0)
     with pytest.raises(ValueError, match=r"time-major \(T, B, 8\)"):
         forward(net, params, np.asarray(x)[0])
 
@@ -470,24 +481,36 @@ def test_network_trains_a_step_with_finite_gradients_under_jit():
 def test_lif_readout_puts_every_weight_behind_a_spike():
     # The comparison's network: a spiking output layer read by its counts. Without a
     # surrogate no parameter at all gets gradient (the integrator readout above still learns).
-    x = _rate_jit(np.full((4, 8), 0.6, np.float32), 6, key=jax.random.key(1))
     y = np.array([0, 1, 2, 0], np.int32)
     plain = NetConfig(8, 3, hidden=(6, 5), spike="no_surrogate", readout="lif", readout_drive=4.0)
-    params = init_net(plain, key=jax.random.key(0))
-    out = jax.jit(lambda p, x: forward(plain, p, x))(params, x)
+    surrogate = NetConfig(8, 3, hidden=(6, 5), spike="fast_sigmoid", readout="lif")
+    # The output bias starts at the drive that holds a neuron at threshold: b = d * theta * (1 - beta).
+    drive = NetConfig(8, 3, hidden=(6,), readout="lif", readout_drive=0.5, threshold=0.8, readout_decay=0.75)
+    integrator = NetConfig(8, 3, hidden=(6,))
+
+    def everything(key):  # one program: the parameters, the input, the forward and every gradient
+        params = init_net(plain, key=key)
+        x = _input_spikes(0.6)
+        return (
+            forward(plain, params, x),
+            [
+                jax.grad(lambda p, loss=loss: loss(forward(plain, p, x).traces, y))(params)
+                for loss in (mse_count, ce_spike_count)
+            ],
+            jax.grad(lambda p: mse_count(forward(surrogate, p, x).traces, y))(params),
+            init_net(drive, key=key).readout.b,
+            init_net(integrator, key=key).readout.b,
+        )
+
+    out, g_plain, g, drive_b, integrator_b = jax.jit(everything)(jax.random.key(0))
     assert out.traces.shape == (6, 4, 3) and set(np.unique(np.asarray(out.traces))) <= {0.0, 1.0}
     # Every layer fires, so a zero gradient below is the missing surrogate, not silence.
     assert all(np.asarray(s).sum() > 0 for s in (*out.spikes, out.traces))
-    for loss in (mse_count, ce_spike_count):
-        g = jax.jit(jax.grad(lambda p, loss=loss: loss(forward(plain, p, x).traces, y)))(params)
-        assert all(np.abs(np.asarray(leaf)).max() == 0 for leaf in jax.tree.leaves(g))
-    surrogate = NetConfig(8, 3, hidden=(6, 5), spike="fast_sigmoid", readout="lif")
-    g = jax.jit(jax.grad(lambda p: mse_count(forward(surrogate, p, x).traces, y)))(params)
+    for g_loss in g_plain:
+        assert all(np.abs(np.asarray(leaf)).max() == 0 for leaf in jax.tree.leaves(g_loss))
     assert np.abs(np.asarray(g.layers[0].w)).max() > 0 and np.abs(np.asarray(g.readout.w)).max() > 0
-    # The output bias starts at the drive that holds a neuron at threshold: b = d * theta * (1 - beta).
-    drive = NetConfig(8, 3, hidden=(6,), readout="lif", readout_drive=0.5, threshold=0.8, readout_decay=0.75)
-    np.testing.assert_allclose(init_net(drive, key=jax.random.key(0)).readout.b, 0.5 * 0.8 * 0.25, rtol=1e-6)
-    assert np.abs(np.asarray(init_net(NetConfig(8, 3, hidden=(6,)), key=jax.random.key(0)).readout.b)).max() == 0
+    np.testing.assert_allclose(np.asarray(drive_b), 0.5 * 0.8 * 0.25, rtol=1e-6)
+    assert np.abs(np.asarray(integrator_b)).max() == 0
     with pytest.raises(ValueError, match="readout must be one of"):
         NetConfig(8, 3, readout="softmax")
     with pytest.raises(ValueError, match="non-spiking reference"):
@@ -505,11 +528,13 @@ def test_bound_step_equals_step_bit_for_bit(name):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     weights = np.broadcast_to(np.arange(N, dtype=xs.dtype), xs.shape)
 
-    def grad(f):  # one program per gradient
-        return jax.jit(jax.grad(lambda p: jnp.sum(run(f(p), state, xs)[1] * weights)))(params)
+    def grad(f):
+        return jax.grad(lambda p: jnp.sum(run(f(p), state, xs)[1] * weights))(params)
 
-    g_bound = grad(lambda p: neuron.bind(p, (B, N), xs.dtype))
-    g_plain = grad(lambda p: functools.partial(neuron.step, p))
+    # Both gradients in one program (compared to a tolerance, not bit for bit).
+    g_bound, g_plain = jax.jit(
+        lambda: (grad(lambda p: neuron.bind(p, (B, N), xs.dtype)), grad(lambda p: functools.partial(neuron.step, p)))
+    )()
     for a, b in zip(jax.tree.leaves(g_bound), jax.tree.leaves(g_plain), strict=True):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-7)
 
@@ -559,13 +584,14 @@ def test_train_step_flat_optimiser_matches_the_tree_one_and_reports_non_finite_g
 
     net = NetConfig(8, 3, hidden=(6,), spike="fast_sigmoid")
     config = SNNTrainConfig(n_steps=4, batch_size=4)
-    params = init_net(net, key=jax.random.key(0))
+    params = jax.jit(lambda key: init_net(net, key=key))(jax.random.key(0))
     x, y = np.linspace(0.0, 1.0, 32, dtype=np.float32).reshape(4, 8), np.array([0, 1, 2, 0], np.int32)
-    results = {}
+    results, steps = {}, {}
     for flatten in (True, False):
         optimizer = make_optimizer(config, 1, flatten=flatten)
         state = jax.jit(optimizer.init)(params)
         step = jax.jit(make_train_step(net, config, optimizer))
+        steps[flatten] = optimizer, state, step
         p = params
         for i in range(3):
             p, state, loss, finite = step(p, state, x, y, jax.random.key(i))
@@ -580,8 +606,7 @@ def test_train_step_flat_optimiser_matches_the_tree_one_and_reports_non_finite_g
     # One non-finite gradient entry anywhere is reported.
     bad_b = np.array(params.readout.b)
     bad_b[1] = np.nan
-    bad = params._replace(readout=params.readout._replace(b=jnp.asarray(bad_b)))
-    optimizer = make_optimizer(config, 1)
-    step = jax.jit(make_train_step(net, config, optimizer))
+    bad = params._replace(readout=params.readout._replace(b=jax.device_put(bad_b)))
+    optimizer, _, step = steps[True]  # the default optimiser (flat), its step compiled above
     _, _, _, finite = step(bad, jax.jit(optimizer.init)(bad), x, y, jax.random.key(0))
     assert not bool(finite)

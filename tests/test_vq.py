@@ -38,7 +38,7 @@ CODES = np.array([[0.0, 0.0], [1.0, 1.0], [2.0, 0.0], [0.0, 2.0], [-1.5, 0.5]], 
 def _codebook(**kw) -> tuple[Codebook, dict, CodebookState]:
     cb = Codebook(codebook_size=len(CODES), dim=2, **kw)
     params, state = cb.init(key=jax.random.key(0))
-    return cb, {**params, "codes": jnp.asarray(CODES)}, state
+    return cb, {**params, "codes": jax.device_put(CODES)}, state
 
 
 def _nearest_numpy(v: np.ndarray, codes: np.ndarray) -> np.ndarray:
@@ -132,7 +132,7 @@ def test_straight_through_codebook_passes_the_verifier():
 
     assert_surrogate(
         fn,
-        reference=lambda z: _reference_nearest(z, codes),
+        reference=jax.jit(lambda z: _reference_nearest(z, codes)),  # an exact selection: one program
         derivative=jnp.ones_like,
         args=(np.zeros((8, 2), np.float32),),
         dtypes=("float32",),
@@ -179,29 +179,38 @@ def test_rotation_trick_gradients_equal_the_reference_implementations():
     # the same nearest codes: the encoder gets lambda R^T g (not R g: the sign of the rotation matters), the
     # codes get nothing through the estimator (only through the codebook loss).
     cb, _, _ = _codebook(estimator=stejax.rotation_trick)
-    k_z, k_c, k_g = jax.random.split(jax.random.key(3), 3)
-    codes = jax.random.normal(k_c, (5, 2)) * 0.3
-    z = jax.random.normal(k_z, (64, 2))
-    g = jax.random.normal(k_g, (64, 2))
+
+    def data(key):  # one program for the three draws
+        k_z, k_c, k_g = jax.random.split(key, 3)
+        return jax.random.normal(k_z, (64, 2)), jax.random.normal(k_c, (5, 2)) * 0.3, jax.random.normal(k_g, (64, 2))
+
+    z, codes, g = (np.asarray(a) for a in jax.jit(data)(jax.random.key(3)))
 
     def ours(z, codes):
         return jnp.sum(g * cb.quantize({"codes": codes}, z).quantized)
 
-    idx = _nearest_numpy(np.asarray(z), np.asarray(codes))  # the same nearest codes, fixed for differentiation
+    idx = _nearest_numpy(z, codes)  # the same nearest codes, fixed for differentiation
 
     def reference(z, codes):
         return jnp.sum(g * _rotate_to_vqp(z, codes[idx]))
 
-    np.testing.assert_array_equal(np.asarray(jax.jit(cb.quantize)({"codes": codes}, z).indices)[:, 0], idx)
+    def everything(z, codes):  # one program: the lookup, the reference's forward and both gradients
+        return (
+            cb.quantize({"codes": codes}, z).indices,
+            _rotate_to_vqp(z, codes[idx]),
+            jax.grad(ours, argnums=(0, 1))(z, codes),
+            jax.grad(reference, argnums=(0, 1))(z, codes),
+        )
+
+    indices, rotated, (gz, gc), (rz, rc) = jax.jit(everything)(z, codes)
+    np.testing.assert_array_equal(np.asarray(indices)[:, 0], idx)
     np.testing.assert_allclose(
-        np.asarray(_rotate_to_vqp(z, codes[idx])), np.asarray(codes[idx]), rtol=1e-5, atol=1e-6
+        np.asarray(rotated), codes[idx], rtol=1e-5, atol=1e-6
     )  # the reference's forward is the code too
-    gz, gc = jax.jit(jax.grad(ours, argnums=(0, 1)))(z, codes)  # jitted: one compilation, not one per operation
-    rz, rc = jax.jit(jax.grad(reference, argnums=(0, 1)))(z, codes)
     np.testing.assert_allclose(np.asarray(gz), np.asarray(rz), rtol=1e-5, atol=1e-6)
     assert np.abs(np.asarray(gc)).sum() == 0.0 and np.abs(np.asarray(rc)).sum() == 0.0
     # and it is not the straight-through gradient here (the codes are far from z, so R and lambda matter)
-    assert np.abs(np.asarray(gz) - np.asarray(g)).max() > 0.1
+    assert np.abs(np.asarray(gz) - g).max() > 0.1
 
 
 def test_a_user_estimator_is_used_for_the_gradient():
@@ -502,8 +511,12 @@ def test_the_matmul_lookup_gives_the_exact_lookups_values_and_gradients(estimato
         out = cb.quantize(p, z)
         return jnp.sum(jnp.sin(out.quantized)) + cb.loss(out), out
 
-    (la, a), ga = jax.jit(jax.value_and_grad(lambda p, z: loss(exact, p, z), (0, 1), has_aux=True))(params, z)
-    (lb, b), gb = jax.jit(jax.value_and_grad(lambda p, z: loss(fast, p, z), (0, 1), has_aux=True))(params, z)
+    def both(p, z):  # one program: the value and gradient of each lookup
+        return tuple(
+            jax.value_and_grad(lambda p, z, cb=cb: loss(cb, p, z), (0, 1), has_aux=True)(p, z) for cb in (exact, fast)
+        )
+
+    ((la, a), ga), ((lb, b), gb) = jax.jit(both)(params, z)
     np.testing.assert_array_equal(np.asarray(a.indices), np.asarray(b.indices))
     np.testing.assert_allclose(np.asarray(a.quantized), np.asarray(b.quantized), rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(float(la), float(lb), rtol=1e-6)
@@ -515,16 +528,17 @@ def test_the_matmul_lookup_gives_the_exact_lookups_values_and_gradients(estimato
 
 def test_kmeans_plus_plus_picks_rows_of_the_data_one_per_separated_cluster():
     centres = np.array([[0.0, 0.0], [100.0, 0.0], [0.0, 100.0]], np.float32)
-    x = centres[np.arange(90) % 3] + 0.1 * np.asarray(jax.random.normal(jax.random.key(1), (90, 2)), np.float32)
+    x = centres[np.arange(90) % 3] + 0.1 * np.random.default_rng(1).normal(size=(90, 2)).astype(np.float32)
     for seed in range(3):
         means = np.asarray(stejax.vq.kmeans_plus_plus(x, 3, key=jax.random.key(seed)))
         assert all(any(np.array_equal(m, r) for r in x) for m in means), "every seed is a row of the data"
         assert sorted(_nearest_numpy(means, centres).tolist()) == [0, 1, 2]
     a = stejax.vq.kmeans_plus_plus(x, 3, key=jax.random.key(5))
     np.testing.assert_array_equal(np.asarray(a), np.asarray(stejax.vq.kmeans_plus_plus(x, 3, key=jax.random.key(5))))
-    # Fewer distinct rows than clusters: every D is 0 after the first draws, and the draws turn uniform.
-    same = np.ones((5, 2), np.float32)
-    np.testing.assert_array_equal(np.asarray(stejax.vq.kmeans_plus_plus(same, 4, key=jax.random.key(0))), 1.0)
+    # Fewer distinct rows than clusters: every D is 0 after the first draws, and the draws turn uniform (the
+    # shape and cluster count of the seeding above: its program).
+    same = np.ones_like(x)
+    np.testing.assert_array_equal(np.asarray(stejax.vq.kmeans_plus_plus(same, 3, key=jax.random.key(0))), 1.0)
     means, counts = kmeans(x, 3, key=jax.random.key(0), seeding="kmeans++")
     assert sorted(counts.tolist()) == [30.0, 30.0, 30.0]
     with pytest.raises(ValueError, match=r"`seeding` must be one of \('random', 'kmeans\+\+'\); got 'pp'"):
