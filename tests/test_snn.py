@@ -58,7 +58,7 @@ def _neurons(spike="fast_sigmoid", reset="subtract", reset_grad=False):
 
 
 def _inputs(dtype=np.float32, seed=0):
-    return jnp.asarray(np.random.default_rng(seed).uniform(-0.5, 1.5, (T, B, N)).astype(dtype))
+    return jax.device_put(np.random.default_rng(seed).uniform(-0.5, 1.5, (T, B, N)).astype(dtype))
 
 
 # ----------------------------------------------------------------------------- scan == Python loop
@@ -77,7 +77,7 @@ def test_scan_equals_python_loop_bit_for_bit(name, reset):
     state = neuron.init_state((B, N))
     outs = []
     for t in range(T):
-        state, out = step(state, jnp.asarray(xs_host[t]))
+        state, out = step(state, jax.device_put(xs_host[t]))
         outs.append(np.asarray(out))
     loop_final, loop_outs = state, np.stack(outs)
     final, scanned = jax.jit(lambda xs: run(functools.partial(neuron.step, params), neuron.init_state((B, N)), xs))(xs)
@@ -130,7 +130,7 @@ def test_batch_major_unroll_and_checkpoint_change_nothing():
         )
 
     base_out, bm_out, unrolled, checkpointed, g, g_checkpointed = jax.jit(everything)(
-        xs, jnp.asarray(np.swapaxes(np.asarray(xs), 0, 1))
+        xs, jax.device_put(np.ascontiguousarray(np.swapaxes(np.asarray(xs), 0, 1)))
     )
     np.testing.assert_array_equal(np.swapaxes(np.asarray(bm_out), 0, 1), np.asarray(base_out))
     np.testing.assert_array_equal(np.asarray(unrolled), np.asarray(base_out))
@@ -545,7 +545,7 @@ def test_nnx_modules_delegate_to_the_pure_steps():
     from stejax.snn import nnx as snn_nnx
 
     xs = _inputs()
-    x0 = jnp.asarray(np.asarray(xs)[0])  # the first step's input, handed over from the host
+    x0 = jax.device_put(np.asarray(xs)[0])  # the first step's input, handed over from the host
     modules = {
         "leaky": (snn_nnx.Leaky(N, decay=0.8, threshold=0.7, per_neuron=True), "leaky"),
         "synaptic": (snn_nnx.Synaptic(N, syn_decay=0.6, decay=0.85, threshold=0.9), "synaptic"),

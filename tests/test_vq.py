@@ -70,7 +70,7 @@ def test_ties_go_to_the_lowest_index():
 def test_heads_share_the_codebook_and_index_separately():
     cb = Codebook(codebook_size=len(CODES), dim=4, heads=2)
     params, _ = cb.init(key=jax.random.key(0))
-    params = {**params, "codes": jnp.asarray(CODES)}
+    params = {**params, "codes": jax.device_put(CODES)}
     z = np.array([[0.9, 1.1, 1.9, 0.2]], np.float32)
     out, decoded = jax.jit(lambda p, z: (o := cb.quantize(p, z), cb.decode(p, o.indices)))(params, z)
     np.testing.assert_array_equal(np.asarray(out.indices), [[1, 2]])
@@ -101,7 +101,7 @@ def test_cosine_picks_the_largest_cosine_similarity():
     params, _ = cb.init(key=jax.random.key(0))
     codes = CODES[1:]  # no zero code: cosine similarity is undefined there
     cb = Codebook(codebook_size=len(codes), dim=2, distance="cosine")
-    params = {"codes": jnp.asarray(codes)}
+    params = {"codes": jax.device_put(codes)}
     z = np.asarray(jax.random.normal(jax.random.key(2), (100, 2)), np.float32)
     out = jax.jit(cb.quantize)(params, z)
     unit = codes / np.linalg.norm(codes, axis=1, keepdims=True)
@@ -259,8 +259,8 @@ def test_ema_update_equals_the_closed_form():
     decay, eps = 0.8, 1e-5
     cb, params, state = _codebook(update="ema", decay=decay, eps=eps)
     state = CodebookState(
-        cluster_size=jnp.array([2.0, 0.5, 1.0, 0.0, 3.0]),
-        embed_sum=jnp.asarray(CODES * np.array([2.0, 0.5, 1.0, 0.0, 3.0])[:, None]),
+        cluster_size=jax.device_put(np.array([2.0, 0.5, 1.0, 0.0, 3.0], np.float32)),
+        embed_sum=jax.device_put((CODES * np.array([2.0, 0.5, 1.0, 0.0, 3.0])[:, None]).astype(np.float32)),
     )
     z = np.array([[0.1, 0.2], [-0.1, 0.0], [1.2, 0.8], [2.5, 0.1]], np.float32)  # codes 0, 0, 1, 2
     out, (new_params, new_state) = jax.jit(lambda p, s, z: (o := cb.quantize(p, z), cb.update_state(p, s, o)))(
@@ -295,7 +295,7 @@ def test_kmeans_init_is_deterministic_for_a_key_and_fits_clusters():
     cb = Codebook(codebook_size=3, dim=2, update="ema")
     params, state = cb.init(key=jax.random.key(0))
     centres = np.array([[0.0, 0.0], [5.0, 5.0], [-5.0, 5.0]], np.float32)
-    x = centres[np.arange(60) % 3] + 0.1 * np.asarray(jax.random.normal(jax.random.key(1), (60, 2)))
+    x = centres[np.arange(60) % 3] + 0.1 * np.random.default_rng(1).normal(size=(60, 2)).astype(np.float32)
     a = cb.kmeans_init(params, state, x, key=jax.random.key(7))
     b = cb.kmeans_init(params, state, x, key=jax.random.key(7))
     for u, v in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
@@ -311,8 +311,11 @@ def test_kmeans_init_is_deterministic_for_a_key_and_fits_clusters():
 
 def test_dead_code_replacement_replaces_exactly_the_codes_below_the_threshold():
     cb, params, state = _codebook(update="ema", dead_code_threshold=1.0)
-    state = CodebookState(cluster_size=jnp.array([3.0, 0.99, 1.0, 0.0, 5.0]), embed_sum=jnp.asarray(CODES * 2))
-    batch = np.asarray(jax.random.normal(jax.random.key(3), (2, 8, 2)) + 10, np.float32)
+    state = CodebookState(
+        cluster_size=jax.device_put(np.array([3.0, 0.99, 1.0, 0.0, 5.0], np.float32)),
+        embed_sum=jax.device_put(CODES * 2),
+    )
+    batch = np.random.default_rng(3).normal(size=(2, 8, 2)).astype(np.float32) + np.float32(10)
     new_params, new_state, replaced = jax.jit(lambda p, s, b, k: cb.replace_dead(p, s, b, key=k))(
         params, state, batch, jax.random.key(4)
     )
@@ -596,7 +599,7 @@ def test_other_initial_codes(kw, spread):
 def test_kmeans_init_records_its_initialisation():
     cb = Codebook(codebook_size=4, dim=2)
     params, state = cb.init(key=jax.random.key(0))
-    x = jax.random.normal(jax.random.key(1), (40, 2))
+    x = np.random.default_rng(1).normal(size=(40, 2)).astype(np.float32)
     _, state = cb.kmeans_init(params, state, x, key=jax.random.key(2))
     assert state.initialisation == "kmeans"
 
