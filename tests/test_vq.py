@@ -81,9 +81,11 @@ def test_heads_share_the_codebook_and_index_separately():
 def test_projection_in_and_out():
     cb = Codebook(codebook_size=8, dim=6, codebook_dim=2, heads=2)
     assert cb.has_projection
-    params, _ = cb.init(key=jax.random.key(0))
+    # One program for the initial parameters and the input (the initialisation's own tests are below).
+    params, z = jax.jit(lambda k0, k1: (cb.init(key=k0)[0], jax.random.normal(k1, (5, 6))))(
+        jax.random.key(0), jax.random.key(1)
+    )
     assert params["project_in"]["w"].shape == (6, 4) and params["project_out"]["w"].shape == (4, 6)
-    z = jax.random.normal(jax.random.key(1), (5, 6))
     # One program: the forward and the gradient of a loss through it.
     out, g = jax.jit(
         lambda p, z: (cb.quantize(p, z), jax.grad(lambda p: jnp.sum(cb.quantize(p, z).quantized ** 2))(p))
