@@ -83,8 +83,7 @@ and bound is host arithmetic.
 widest dtype only (``composition_dtypes="widest"``), the value and tangent
 checks in every dtype, and compile one estimator while checking the previous
 one (more at once with cores to spare: one per two cores beyond the first, up
-to four): the catalog of 25 estimators takes about 35 s of CPU, 24 s on two
-idle cores.
+to four).
 """
 
 from stejax.verify._catalog import check_catalog as check_catalog
