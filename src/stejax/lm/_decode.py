@@ -386,8 +386,9 @@ def decode(
     stop_table, stop_lengths = _stop_table(stop)
     rows = len(prompts)
     batch = _batch_bucket(rows)
-    length = length_bucket(max(len(p) for p in prompts), context)
-    span = length_bucket(max(len(p) for p in prompts) + tokens, context)
+    longest = max(len(p) for p in prompts)
+    length = length_bucket(longest, context)
+    span = length_bucket(longest + tokens, context)  # the cache: the longest prompt and the budget
     padded = np.zeros((batch, length), np.uint8)
     lengths = np.ones((batch,), np.int32)
     for i, prompt in enumerate(prompts):
