@@ -29,11 +29,14 @@ from typing import Any
 
 import pytest
 
+# The estimators, spiking networks and vector quantisation first, the compiled language-model kernels last.
 MODULES = (
     "tests/test_platform.py",
     "tests/test_core.py",
     "tests/test_binary.py",
     "tests/test_latent.py",
+    "tests/test_snn.py",
+    "tests/test_vq.py",
     "tests/test_products.py",
     "tests/test_int_products.py",
     "tests/test_verify.py",
@@ -42,8 +45,6 @@ MODULES = (
     "tests/test_lm.py",
     "tests/test_lm_decode.py",
     "tests/test_lm_kernels.py",
-    "tests/test_snn.py",
-    "tests/test_vq.py",
 )
 # Without xdist (one process holds the chip) and without the run's extra options for it.
 PYTEST_ARGS = ("-p", "no:xdist", "-p", "no:cacheprovider", "-o", "addopts=-ra --strict-markers --import-mode=importlib")
