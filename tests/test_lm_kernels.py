@@ -477,11 +477,12 @@ def artifacts(tmp_path_factory):
 
 
 def _with_kernels(model: nnx.Module, method: str = "mxu") -> nnx.Module:
-    """A copy whose low-bit layers run the Pallas kernels (by ``method``) in interpret mode."""
+    """A copy whose low-bit layers run the Pallas kernels (by ``method``): compiled on a TPU, as the kernel tests
+    above, and in interpret mode elsewhere."""
     copy = nnx.clone(with_kernel_method(model, method))
     for _, module in nnx.iter_modules(copy):
         if isinstance(module, LowBitLinear):
-            module.implementation, module.interpret = "pallas", True
+            module.implementation, module.interpret = "pallas", not _ON_TPU
     return copy
 
 
