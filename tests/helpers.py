@@ -7,7 +7,9 @@ import dataclasses
 import functools
 from typing import Any
 
+import jax
 import numpy as np
+from flax import nnx
 
 from stejax.verify import flush_subnormal_inputs, platform_contract
 
@@ -121,6 +123,13 @@ def assert_platform_equal(actual, expected, *, context: str = "") -> None:
             f"{context}: {int((~ok).sum())} element(s) beyond the {CONTRACT.platform} contract's {ulps} ulp; "
             + "; ".join(rows)
         )
+
+
+@jax.jit
+def apply_split(state: Any, x: Any) -> Any:
+    """A split model or layer (``nnx.split``) on its input, compiled: one program a structure and shapes, the
+    weights arguments. Both sides of a comparison that run through it are the same kind of program."""
+    return nnx.merge(*state)(x)
 
 
 def recurrence_allowance(expected, steps: int) -> float:

@@ -17,7 +17,7 @@ from stejax.bench import CompileCounter
 from stejax.lm import LMConfig, LowBitLinear, Transformer, decode, draw_byte, generate, load_lowbit
 from stejax.lm._export import export_lm
 
-from helpers import CONTRACT
+from helpers import CONTRACT, apply_split
 
 # Room for a 16-byte prompt and 256 new bytes.
 TINY = LMConfig(context=272, width=32, depth=1, heads=2, hidden=64)
@@ -45,11 +45,6 @@ def _load(artifacts, config: str, form: str = "int8") -> Any:
     if (str(path), config, form) not in _LOADED:
         _LOADED[str(path), config, form] = load_lowbit(path, ternary=form)
     return _LOADED[str(path), config, form]
-
-
-@jax.jit
-def _logits(state: Any, tokens: jax.Array) -> jax.Array:
-    return nnx.merge(*state)(tokens)
 
 
 @pytest.mark.parametrize("config", PARITY_CONFIGS)
@@ -109,8 +104,8 @@ def test_lowbit_logits_match_the_exported_integer_forward(artifacts, config, for
     # device_put: a transfer, no program (jnp.asarray stages one per shape and dtype)
     x = jax.device_put(np.random.default_rng(1).integers(0, 256, (3, 40)).astype(np.uint8))
     loaded = _load(artifacts, config, form)
-    got = np.asarray(_logits(nnx.split(loaded.model), x))
-    want = np.asarray(_logits(nnx.split(loaded.reference), x))
+    got = np.asarray(apply_split(nnx.split(loaded.model), x))
+    want = np.asarray(apply_split(nnx.split(loaded.reference), x))
     np.testing.assert_allclose(got, want, atol=LOGIT_TOLERANCE, rtol=0)
 
 

@@ -30,6 +30,8 @@ from stejax.lm._kernel_ternary import ternary_accumulate, ternary_accumulate_ref
 from stejax.lm._kernel_vpu import kernel_method, vpu_blocks
 from stejax.lm._lowbit import is_vpu_layer, lowbit_linear, pack_groups, with_kernel_method
 
+from helpers import apply_split
+
 # Compiled Pallas TPU kernels need a TPU (v5e or newer: int8 on the MXU). Interpret mode stands in for them where
 # there is none; on a TPU (`make test-device`) the compiled kernel is the case: it checks against the same
 # references what interpret mode checks, on the chip's compiler and hardware (tests/test_tpu_compile.py compiles
@@ -57,13 +59,6 @@ METHODS = ["mxu", "vpu"]
 def _put(a: np.ndarray) -> jax.Array:
     """A host array on the device as it is: a transfer, no program (jnp.asarray stages one per shape and dtype)."""
     return jax.device_put(a)
-
-
-@jax.jit
-def _apply(state, x):
-    """A split model or layer (``nnx.split``) on its input, compiled: one program a structure and shapes, the
-    weights arguments. Both sides of a comparison run through it, so they are the same kind of program."""
-    return nnx.merge(*state)(x)
 
 
 def _inputs(rows: int, k: int, seed: int = 0) -> jax.Array:
@@ -293,7 +288,7 @@ def test_a_fused_layer_is_one_kernel_call_and_bad_inputs_are_refused():
         # No XLA quantisation, padding or rescale around the kernel: only reshapes.
         assert inner <= {"pallas_call", "reshape"} and "pallas_call" in inner, (config, ternary, inner)
         # The layer's XLA path (no TPU it has been verified on).
-        np.testing.assert_array_equal(_apply(nnx.split(model), x), _apply(nnx.split(layer), x))
+        np.testing.assert_array_equal(apply_split(nnx.split(model), x), apply_split(nnx.split(layer), x))
     for config in ("w4a8", "w2a8", "w4a4"):  # grouped weights; multipliers that are powers of two: exact products
         bits = CONFIGS[config].weight_bits
         codes = np.random.default_rng(7).integers(-(1 << (bits - 1)), 1 << (bits - 1), (256, 128))
@@ -305,7 +300,7 @@ def test_a_fused_layer_is_one_kernel_call_and_bad_inputs_are_refused():
         (call,) = [e for e in outer.eqns if e.primitive.name in ("pjit", "jit")]
         inner = {e.primitive.name for e in call.params["jaxpr"].jaxpr.eqns}
         assert inner <= {"pallas_call", "reshape"} and "pallas_call" in inner, (config, inner)
-        np.testing.assert_array_equal(_apply(nnx.split(model), x), _apply(nnx.split(layer), x))
+        np.testing.assert_array_equal(apply_split(nnx.split(model), x), apply_split(nnx.split(layer), x))
     codes, scale = _put(np.zeros((256, 128), np.int8)), _put(np.ones(128, np.float32))
     with pytest.raises(
         ValueError, match=r"fused_linear: form must be one of \('int8', 'ternary-int8', 'ternary-2bit'\)"
@@ -494,8 +489,8 @@ def test_kernel_logits_equal_the_xla_integer_path(artifacts, config, form):
 
     xla = load_lowbit(artifacts[config], ternary=form, implementation="xla").model
     tokens = _put(np.random.default_rng(4).integers(0, 256, (2, 5)).astype(np.uint8))
-    want = np.asarray(_apply(nnx.split(xla), tokens))
-    got = np.asarray(_apply(nnx.split(_with_kernels(xla)), tokens))
+    want = np.asarray(apply_split(nnx.split(xla), tokens))
+    got = np.asarray(apply_split(nnx.split(_with_kernels(xla)), tokens))
     if config == "w4a8":  # group scales: float32 sums of the same terms, rounded apart
         np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
     else:
@@ -516,9 +511,9 @@ def test_vector_unit_logits_equal_the_xla_integer_path(artifacts, config, form):
     layers = [(a, b) for a, b in layers if isinstance(a, LowBitLinear) and a.in_features == TINY.width]
     assert layers and all(is_vpu_layer(b) for _, b in layers)
     for a, b in layers:  # each layer: the same integer sums, the same float rescaling, bit for bit
-        np.testing.assert_array_equal(_apply(nnx.split(b), x), _apply(nnx.split(a), x))
-    want = np.asarray(_apply(nnx.split(xla), tokens))
-    got = np.asarray(_apply(nnx.split(vpu), tokens))
+        np.testing.assert_array_equal(apply_split(nnx.split(b), x), apply_split(nnx.split(a), x))
+    want = np.asarray(apply_split(nnx.split(xla), tokens))
+    got = np.asarray(apply_split(nnx.split(vpu), tokens))
     # The whole model: XLA:CPU compiles the float parts (norms, softmax) of the two programs apart, so a logit
     # may differ by float32 rounding although every layer's integer sums are the same.
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)

@@ -591,7 +591,7 @@ def test_train_step_flat_optimiser_matches_the_tree_one_and_reports_non_finite_g
         optimizer = make_optimizer(config, 1, flatten=flatten)
         state = jax.jit(optimizer.init)(params)
         step = jax.jit(make_train_step(net, config, optimizer))
-        steps[flatten] = optimizer, state, step
+        steps[flatten] = optimizer, step
         p = params
         for i in range(3):
             p, state, loss, finite = step(p, state, x, y, jax.random.key(i))
@@ -607,6 +607,6 @@ def test_train_step_flat_optimiser_matches_the_tree_one_and_reports_non_finite_g
     bad_b = np.array(params.readout.b)
     bad_b[1] = np.nan
     bad = params._replace(readout=params.readout._replace(b=jax.device_put(bad_b)))
-    optimizer, _, step = steps[True]  # the default optimiser (flat), its step compiled above
+    optimizer, step = steps[True]  # the default optimiser (flat), its step compiled above
     _, _, _, finite = step(bad, jax.jit(optimizer.init)(bad), x, y, jax.random.key(0))
     assert not bool(finite)
