@@ -1,9 +1,9 @@
 r"""Generation one byte per call, with a key-value cache: the reference the compiled decode is tested against.
 
 :func:`generate` runs the prompt once (:meth:`Transformer.extend`), then one
-jitted call of length 1 against the cache per new byte, the draw included, and
-reads each byte and its logits back to the host. It pays a call and a host
-read per byte on purpose: it is the oracle that :func:`stejax.lm.decode` (one
+jitted call of length 1 against the cache per new byte, draws the byte with
+a second jitted call, and reads the logits and the byte back to the host. It
+is slow on purpose: it is the oracle that :func:`stejax.lm.decode` (one
 compiled loop, batched) must match byte for byte.
 
 Both draw with :func:`draw_byte` and take the key of each position the same
@@ -116,32 +116,21 @@ def position_keys(key: jax.Array, rows: int, positions: int) -> jax.Array:
     )
 
 
+_draw = jax.jit(draw_byte)
+
+
 def _settings(temperature: float, top_k: int | None, top_p: float) -> tuple[jax.Array, jax.Array, jax.Array]:
     return jnp.float32(temperature), jnp.int32(VOCAB if top_k is None else min(int(top_k), VOCAB)), jnp.float32(top_p)
 
 
 @functools.partial(jax.jit, static_argnums=0)
-def _extend_and_draw(
-    graphdef: Any, state: Any, tokens: jax.Array, cache: Any, start: jax.Array, step_keys: jax.Array, settings: Any
-) -> tuple[jax.Array, jax.Array, Any, jax.Array]:
-    """Run ``tokens`` (a byte or a prompt) from ``start`` against the cache and draw the byte after them.
-
-    Returns the logits it was drawn from, the byte (int32), the cache and the byte's position, which is the
-    next call's ``start``: the loop passes the byte and the position back without a transfer.
-    """
-    tokens = jnp.reshape(tokens, (1, -1)).astype(jnp.uint8)
-    logits, cache = nnx.merge(graphdef, state).extend(tokens, cache, start)
-    position = (start + tokens.shape[1]).astype(jnp.int32)
-    return logits[0, -1], draw_byte(logits[0, -1], step_keys[position], *settings), cache, position
+def _extend(graphdef: Any, state: Any, tokens: jax.Array, cache: Any, start: jax.Array) -> tuple[jax.Array, Any]:
+    return nnx.merge(graphdef, state).extend(tokens, cache, start)
 
 
 @functools.partial(jax.jit, static_argnums=0)
-def _run_and_draw(
-    graphdef: Any, state: Any, padded: jax.Array, index: jax.Array, step_keys: jax.Array, settings: Any
-) -> tuple[jax.Array, jax.Array]:
-    """The whole padded sequence from scratch; the logits at ``index`` and the byte drawn from them."""
-    logits = nnx.merge(graphdef, state)(padded)[0, index]
-    return logits, draw_byte(logits, step_keys[index + 1], *settings)
+def _full(graphdef: Any, state: Any, tokens: jax.Array, index: jax.Array) -> jax.Array:
+    return nnx.merge(graphdef, state)(tokens)[0, index]
 
 
 def generate(
@@ -157,7 +146,9 @@ def generate(
     row: int = 0,
     cached: bool = True,
 ) -> Generation:
-    """Sample up to ``tokens`` bytes after ``prompt``, one jitted call and one host read per byte.
+    """Sample up to ``tokens`` bytes after ``prompt``, a jitted model step and a jitted draw per byte.
+
+    Each byte's logits and the byte itself are read back to the host.
 
     With ``cached=True`` the prompt goes through :meth:`Transformer.extend` once
     and each new byte is one call of length 1 against the cache. With
@@ -193,42 +184,37 @@ def generate(
     settings = _settings(temperature, top_k, top_p)
     sequence = list(prompt)
     drawn: list[np.ndarray] = []
+
     first_byte: list[float] = []
 
-    def take(logits: jax.Array, byte: jax.Array) -> bool:
-        """Read the logits and the byte back (one transfer); whether the byte ends a stop sequence."""
-        logits, byte = jax.device_get((logits, byte))
+    def take(logits: jax.Array) -> bool:
         drawn.append(np.asarray(logits))
-        sequence.append(int(byte))
+        sequence.append(int(_draw(logits, step_keys[len(sequence)], *settings)))
         if not first_byte:
             first_byte.append(time.perf_counter() - tic)
         made = bytes(sequence[len(prompt) :])
         return any(s and made.endswith(s) for s in stops)
 
-    start = jnp.int32(0)
     if cached:
-        # Compile both shapes first (the prompt, then one byte), so that `seconds` is generation, not compilation.
+        # Compile both shapes first, so that `seconds` is generation, not compilation.
         warm = init_cache(model.config, 1)  # type: ignore[attr-defined]
-        for tokens_in in (jnp.asarray(sequence, jnp.uint8), jnp.int32(0)):
-            jax.block_until_ready(_extend_and_draw(graphdef, state, tokens_in, warm, start, step_keys, settings))
+        jax.block_until_ready(_extend(graphdef, state, jnp.asarray([sequence], jnp.uint8), warm, jnp.asarray(0)))
+        jax.block_until_ready(_extend(graphdef, state, jnp.zeros((1, 1), jnp.uint8), warm, jnp.asarray(0)))
     tic = time.perf_counter()
     if cached:
         cache = init_cache(model.config, 1)  # type: ignore[attr-defined]
-        logits, byte, cache, position = _extend_and_draw(
-            graphdef, state, jnp.asarray(sequence, jnp.uint8), cache, start, step_keys, settings
-        )
+        logits, cache = _extend(graphdef, state, jnp.asarray([sequence], jnp.uint8), cache, jnp.asarray(0))
         for i in range(tokens):
-            if take(logits, byte) or i + 1 == tokens:
+            if take(logits[0, -1]) or i + 1 == tokens:
                 break
-            logits, byte, cache, position = _extend_and_draw(
-                graphdef, state, byte, cache, position, step_keys, settings
-            )
+            position = jnp.asarray(len(sequence) - 1)
+            logits, cache = _extend(graphdef, state, jnp.asarray([sequence[-1:]], jnp.uint8), cache, position)
     else:
         for _ in range(tokens):
             # The whole sequence so far, padded to the context (the causal mask keeps the padding out).
             padded = np.zeros((1, context), np.uint8)
             padded[0, : len(sequence)] = sequence
-            if take(*_run_and_draw(graphdef, state, padded, np.int32(len(sequence) - 1), step_keys, settings)):
+            if take(_full(graphdef, state, jnp.asarray(padded), jnp.asarray(len(sequence) - 1))):
                 break
     seconds = time.perf_counter() - tic
     made = bytes(sequence[len(prompt) :])
