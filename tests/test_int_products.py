@@ -333,27 +333,3 @@ def test_lm_train_takes_a_product(tmp_path, monkeypatch):
 
 
 # ----------------------------------------------------------------------------- the train-step suite
-
-
-def test_the_train_step_suite_counts_the_int8_products(tmp_path):
-    from stejax.bench._train_step import _write, results_path, train_step_suite
-    from stejax.bench.results import Recorder, load_results
-
-    suite = train_step_suite(
-        repeats=1, warmup=1, quick=True, variants=("float32", "stejax int8 fwd+bwd"), results_dir=None
-    )
-    rows = {r["variant"]: r for r in suite["rows"]}
-    # 2 blocks x 7 linears: 14 forward products, and 2 backward products each in int8.
-    assert (rows["float32"]["int8_dots"], rows["stejax int8 fwd+bwd"]["int8_dots"]) == (0, 42)
-    assert rows["float32"]["vs_float32"] == 1.0 and rows["stejax int8 fwd+bwd"]["vs_float32"] > 0
-    # A width measured later is merged into the file of the same device, the other widths' rows kept.
-    recorder = Recorder(results_path(tmp_path).stem, command="stejax bench --suite train-step")
-    _write(recorder, tmp_path, [dict(r, width=64) for r in suite["rows"]])
-    _write(recorder, tmp_path, suite["rows"])
-    doc = load_results(results_path(tmp_path))
-    assert [(r["width"], r["variant"]) for r in doc["rows"]] == [
-        (32, "float32"),
-        (32, "stejax int8 fwd+bwd"),
-        (64, "float32"),
-        (64, "stejax int8 fwd+bwd"),
-    ]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import jax
@@ -259,34 +258,6 @@ def test_cli_samples_a_batch_and_reports_speed_and_bytes(artifacts, tmp_path):
     assert bad.exit_code == 2 and "top_p must lie in (0, 1]; got 2.0" in bad.output
 
 
-def test_the_lm_decode_rows_figures_results_file_and_plot(artifacts, tmp_path):
-    from stejax.bench._lm_decode import COLUMNS, BenchModel, compiled_rows, figures, plot
-    from stejax.bench.results import Recorder, load_results
-
-    model, paths = artifacts
-    bench = BenchModel("tiny", TINY, 1, model, {c: paths[c] for c in ("float", "w1.58a8")})
-    rows = compiled_rows(
-        [bench], list(PROMPTS), batches=(1,), tokens=8, loop_tokens=4, repeats=1, warmup=1, configs=("float", "w1.58a8")
-    )
-    fields = {"model", "params", "config", "batch", "path", "bytes_per_s", "first_byte_ms"}
-    fields |= {"resident_weight_bytes", "compiles"}
-    assert all(fields <= set(r) for r in rows)
-    kinds = {(r["weights"], r["path"]) for r in rows}
-    assert kinds == {("float32", "loop"), ("float32", "compiled"), ("ternary-int8", "loop")} | {
-        ("ternary-int8", "compiled"),
-        ("ternary-2bit", "compiled"),
-    }
-    assert all(r["compiles"] == 0 and r["bytes_per_s"] > 0 for r in rows)
-    judged = figures(rows, None)
-    assert judged["compiles_after_warmup"].met is True and judged["ternary_bytes_vs_float32"].met is True
-    public = [{k: v for k, v in r.items() if not k.startswith("_")} for r in rows]
-    doc = Recorder("lm_decode", command="stejax bench --suite lm-decode").write(
-        tmp_path / "lm_decode.json", rows=public, columns=COLUMNS, figures=judged
-    )
-    assert load_results(tmp_path / "lm_decode.json")["rows"] == doc["rows"]
-    assert plot(public, tmp_path / "lm_decode.png").stat().st_size > 0
-
-
 def _primitives(jaxpr: Any, into: dict[str, int]) -> dict[str, int]:
     for eqn in jaxpr.eqns:
         into[eqn.primitive.name] = into.get(eqn.primitive.name, 0) + 1
@@ -319,64 +290,3 @@ def test_the_decode_loop_writes_every_row_at_once(attention):
     body = _primitives(loops[0].params["body_jaxpr"].jaxpr, {})
     assert body.get("scatter", 0) == 0 and body.get("scatter-add", 0) == 0
     assert body["dynamic_update_slice"] == 2 * 2 + 1  # keys and values of each block, and the new bytes
-
-
-def test_random_large_model_forms_and_accelerator_rows(tmp_path):
-    from stejax.bench._lm_decode import device_figures, device_plot, device_rows, merge_device_results, random_model
-    from stejax.bench.results import Recorder, load_results
-    from stejax.lm._kernel_blocks import unpack_slices
-
-    small = LMConfig(context=32, width=64, depth=1, heads=2, hidden=128)
-    model, params = random_model("small", "ternary-2bit", config=small)
-    layers = [m for _, m in nnx.iter_modules(model) if isinstance(m, LowBitLinear)]
-    shapes = nnx.state(nnx.eval_shape(lambda: Transformer(small, rngs=nnx.Rngs(0))), nnx.Param)  # no program
-    assert len(layers) == 7 and params == sum(int(x.size) for x in jax.tree.leaves(shapes))
-    codes = np.concatenate([np.asarray(c).ravel() for c in unpack_slices(layers[0].codes[...], 2)])
-    assert set(np.unique(codes).tolist()) == {-1, 0, 1}  # valid ternary codes, packed
-    with jax.numpy_dtype_promotion("standard"):  # a bfloat16 model meets float32 rotary angles (as users run it)
-        rows = device_rows(
-            "small", ("bfloat16", "int4"), (1,), tokens=4, repeats=1, loop_bytes=3, config=small, prompt_bytes=8
-        )
-    assert [(r["weights"], r["batch"], r["path"]) for r in rows] == [
-        ("bfloat16", 1, "compiled"),
-        ("bfloat16", 1, "loop"),
-        ("int4", 1, "compiled"),
-        ("int4", 1, "loop"),
-    ]
-    for r in rows:
-        assert r["compiles"] == 0 and r["implementation"] == "xla"  # no kernel chosen off a verified TPU
-        assert r["roofline"] == pytest.approx(r["resident_weight_bytes"] / (r["step_us"] * 1e-6) / 819e9)
-    figures = device_figures(rows)
-    assert figures["compiles_after_warmup"].met is True
-    from stejax.bench._lm_decode import DEVICE_COLUMNS
-
-    parts = []
-    for i in range(2):
-        parts.append(tmp_path / f"part{i}.json")
-        Recorder("lm_decode_device", command="test").write(
-            parts[-1], rows=rows[2 * i : 2 * i + 2], columns=DEVICE_COLUMNS
-        )
-    doc = merge_device_results(parts, tmp_path / "merged.json", command="bash benchmarks/lm_decode_device.sh")
-    assert [{k: v for k, v in r.items() if k not in ("commit", "date")} for r in doc["rows"]] == rows
-    assert "compiles_after_warmup" in doc["figures"]
-    # A later run's row replaces the same row of an earlier one and keeps its own run's commit.
-    later = {**rows[0], "step_us": rows[0]["step_us"] / 2}
-    Recorder("lm_decode_device", command="test").write(
-        tmp_path / "later.json", rows=[later], columns=DEVICE_COLUMNS, commit={"id": "later"}, date="2999-01-01"
-    )
-    again = merge_device_results([*parts, tmp_path / "later.json"], tmp_path / "again.json", command="test")
-    assert len(again["rows"]) == len(rows) and again["rows"][-1]["step_us"] == later["step_us"]
-    assert again["rows"][-1]["commit"] == "later" and again["commit"]["id"] == "later"
-    assert {r["commit"] for r in again["rows"][:-1]} == {doc["rows"][0]["commit"]}
-    # A ratio over rows of different runs says so (the rows' commits); over one run's rows it does not.
-    from stejax.bench._lm_decode import _commits_apart
-
-    assert _commits_apart(rows[0], rows[1]) == "" == _commits_apart(again["rows"][0], again["rows"][1])
-    apart = _commits_apart(again["rows"][-1], {**again["rows"][0], "commit": "abc"})
-    assert apart == "; its rows were measured at different commits (abc, later)"
-    other = load_results(parts[0])
-    other["machine"]["device"] = "some other device"
-    (tmp_path / "other.json").write_text(json.dumps(other))
-    with pytest.raises(ValueError, match="different devices"):
-        merge_device_results([parts[0], tmp_path / "other.json"], tmp_path / "no.json", command="test")
-    assert device_plot(doc["rows"], tmp_path / "plot.png").stat().st_size > 0

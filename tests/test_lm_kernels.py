@@ -472,12 +472,15 @@ def artifacts(tmp_path_factory):
 
 
 def _with_kernels(model: nnx.Module, method: str = "mxu") -> nnx.Module:
-    """A copy whose low-bit layers run the Pallas kernels (by ``method``): compiled on a TPU, as the kernel tests
-    above, and in interpret mode elsewhere."""
+    """A copy whose low-bit layers run the Pallas kernels (by ``method``) in interpret mode, on any backend.
+
+    What these tests check is the model's wiring (which layers call which kernel, with what) and that the logits
+    and bytes follow; each kernel's compiled form is checked against its reference layer by layer above (compiled
+    on a TPU), and in whole large models by ``benchmarks/lm_decode_device.sh``."""
     copy = nnx.clone(with_kernel_method(model, method))
     for _, module in nnx.iter_modules(copy):
         if isinstance(module, LowBitLinear):
-            module.implementation, module.interpret = "pallas", not _ON_TPU
+            module.implementation, module.interpret = "pallas", True
     return copy
 
 
@@ -615,39 +618,3 @@ def test_vector_unit_kernels_lower_for_a_tpu_without_a_matmul(rows, k, n):
         assert len(modules) == 1, name
         assert "tpu.matmul" not in modules[0], name
         assert "arith.muli" in modules[0], name  # the products, on the vector unit
-
-
-def test_decode_bench_forms_choose_the_vector_unit_and_its_figures_compare_the_products(tmp_path):
-    from stejax.bench._lm_decode import _implementation, device_figures, main, random_model
-
-    small = LMConfig(context=32, width=64, depth=1, heads=2, hidden=128)
-    model, _ = random_model("small", "ternary-2bit", implementation="pallas-vpu", config=small)
-    layers = [m for _, m in nnx.iter_modules(model) if isinstance(m, LowBitLinear)]
-    assert len(layers) == 7 and all(is_vpu_layer(m) and m.implementation == "pallas" for m in layers)
-    assert _implementation(model, 1) == "pallas-vpu" and _implementation(model, 9) == "pallas"
-    mxu, _ = random_model("small", "ternary-2bit", implementation="pallas", config=small)
-    assert _implementation(mxu, 1) == "pallas"
-
-    def row(weights, implementation, rate):
-        return {
-            "model": "1B",
-            "weights": weights,
-            "implementation": implementation,
-            "batch": 1,
-            "path": "compiled",
-            "decode_bytes_per_s": rate,
-            "roofline": 0.5,
-            "compiles": 0,
-        }
-
-    rows = [
-        row("bfloat16", "xla", 100.0),
-        row("ternary-2bit", "pallas", 150.0),
-        row("ternary-2bit", "pallas-vpu", 450.0),
-    ]
-    figures = device_figures(rows)
-    assert figures["ternary_2bit_vpu_vs_mxu_1B"].value == 3.0
-    assert figures["ternary_2bit_vs_bf16_1B"].value == 4.5 and figures["ternary_2bit_vs_bf16_1B"].met is True
-    assert "pallas-vpu" in figures["ternary_2bit_vs_bf16_1B"].note
-    with pytest.raises(SystemExit):
-        main(["--model", "1B", "--forms", "int8@cuda", "--out", str(tmp_path / "x.json")])
