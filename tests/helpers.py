@@ -132,6 +132,13 @@ def apply_split(state: Any, x: Any) -> Any:
     return nnx.merge(*state)(x)
 
 
+@jax.jit
+def apply_splits(states: Any, x: Any) -> list[Any]:
+    """Several split models or layers on one input, as one compiled program (one per structure and shapes): a
+    list of their outputs."""
+    return [nnx.merge(*state)(x) for state in states]
+
+
 def recurrence_allowance(expected, steps: int) -> float:
     """The absolute difference the contract allows between two programs computing one ``steps``-step recurrence.
 

@@ -30,7 +30,7 @@ from stejax.lm._kernel_ternary import ternary_accumulate, ternary_accumulate_ref
 from stejax.lm._kernel_vpu import kernel_method, vpu_blocks
 from stejax.lm._lowbit import is_vpu_layer, lowbit_linear, pack_groups, with_kernel_method
 
-from helpers import apply_split
+from helpers import apply_split, apply_splits
 
 # Compiled Pallas TPU kernels need a TPU (v5e or newer: int8 on the MXU). Interpret mode stands in for them where
 # there is none; on a TPU (`make test-device`) the compiled kernel is the case: it checks against the same
@@ -513,8 +513,10 @@ def test_vector_unit_logits_equal_the_xla_integer_path(artifacts, config, form):
     layers = [(a, b) for (_, a), (_, b) in zip(nnx.iter_modules(xla), nnx.iter_modules(vpu), strict=True)]
     layers = [(a, b) for a, b in layers if isinstance(a, LowBitLinear) and a.in_features == TINY.width]
     assert layers and all(is_vpu_layer(b) for _, b in layers)
-    for a, b in layers:  # each layer: the same integer sums, the same float rescaling, bit for bit
-        np.testing.assert_array_equal(apply_split(nnx.split(b), x), apply_split(nnx.split(a), x))
+    # Each layer: the same integer sums, the same float rescaling, bit for bit (every layer of both, one program).
+    outputs = apply_splits([nnx.split(layer) for pair in layers for layer in pair], x)
+    for want_layer, got_layer in zip(outputs[::2], outputs[1::2], strict=True):
+        np.testing.assert_array_equal(np.asarray(got_layer), np.asarray(want_layer))
     want = np.asarray(apply_split(nnx.split(xla), tokens))
     got = np.asarray(apply_split(nnx.split(vpu), tokens))
     # The whole model: XLA:CPU compiles the float parts (norms, softmax) of the two programs apart, so a logit
