@@ -5,9 +5,11 @@ The broken estimators, one per class of bug, are in test_verify_broken.py.
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import dataclasses
 import json
+import threading
 import time
 
 import jax
@@ -404,6 +406,26 @@ def test_assert_surrogate_passes_and_fails():
 
     with pytest.raises(AssertionError, match=r"(?s)checks failed.*tangent\[float32\]: .*differ"):
         assert_surrogate(stejax.floor_ste, reference=jnp.floor, derivative=double, dtypes=("float32",))
+
+
+def test_check_catalog_compiles_the_eager_checks_operations_in_its_workers(monkeypatch):
+    # Each worker runs the estimator and its reference once eagerly after compiling its program, so the calling
+    # thread finds the single operations of the eager checks compiled (caches cleared: nothing compiled before).
+    monkeypatch.setattr("stejax.verify._catalog.compile_workers", lambda: 2)
+    jax.clear_caches()
+    calling, threads = threading.get_ident(), collections.Counter()
+
+    def listen(event, duration_secs, **kwargs):
+        if event == "/jax/core/compile/backend_compile_duration":
+            threads["calling" if threading.get_ident() == calling else "worker"] += 1
+
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    try:
+        reports = check_catalog(names=["magnitude_aware_sign", "ternary"], dtypes=("float16",))
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listen)
+    assert reports.ok, [failures(r) for r in reports.reports]
+    assert threads["worker"] > 2 and threads["calling"] == 0, threads
 
 
 def test_check_catalog_compiles_several_programs_at_once_in_catalog_order(monkeypatch):

@@ -89,9 +89,13 @@ def check_catalog(
     traced and the previous one's checks run: on two cores this saves a third
     of the time. With more cores, up to four programs compile at once (one
     worker per two cores beyond the first, at least one), each estimator's
-    program the same as alone. Tracing and the checks, which read JAX's
-    thread-local configuration (x64, dtype promotion), stay in the calling
-    thread, and the reports come in catalog order.
+    program the same as alone. After its program, the worker runs the
+    estimator and its reference once eagerly on the same inputs, results
+    dropped, so that the single operations the eager checks run are compiled
+    there too. Tracing and the checks, which read JAX's thread-local
+    configuration (x64, dtype promotion), stay in the calling thread (under
+    another configuration than the worker's, the warm-up only compiles
+    programs the checks do not use), and the reports come in catalog order.
 
     Example:
       >>> from stejax.verify import check_catalog
@@ -107,7 +111,7 @@ def check_catalog(
         pending: collections.deque[tuple[_Job, concurrent.futures.Future]] = collections.deque()
         for name in chosen:
             job = _Job(CATALOG[name], dtypes, None, composition_dtypes, seed)
-            pending.append((job, pool.submit(job.program.compile)))
+            pending.append((job, pool.submit(job.prepare)))
             # Keep every worker busy: finish the oldest job once more are traced than compile at once.
             if len(pending) > workers:
                 done, compiling = pending.popleft()
@@ -169,6 +173,12 @@ class _Job:
             ]
             self.tested.append({"params": {k: _jsonable(v) for k, v in point.items()}, "boundaries": list(boundaries)})
         self.program = SharedProgram(runs)
+
+    def prepare(self) -> None:
+        """Compile the program, then warm the eager checks' operations (:meth:`DtypeRun.warm_eager`)."""
+        self.program.compile()
+        for run in self.program.runs:
+            run.warm_eager()
 
     def finish(self) -> Report:
         entry = self.entry

@@ -286,6 +286,23 @@ class DtypeRun:
         self.rows = layout.rows_for(self.values.pool.size)
         self._memo: dict[Any, Any] = {}
 
+    def warm_eager(self) -> None:
+        """Run ``fn`` and the reference once eagerly on the traced inputs, dropping what they return.
+
+        Their single operations are then compiled when the eager checks run them (JAX keeps one program per
+        operation, shape and type): :func:`stejax.verify.check_catalog` calls this in a compile worker, so that
+        those compilations overlap the next estimator's tracing. The checks still run ``fn`` and the reference
+        eagerly themselves, in the calling thread; a failure here is theirs to report, so it is dropped.
+        """
+        case = self._memo.get(("jax", "pool"))
+        if case is None:  # not traced: nothing to warm
+            return
+        for f in (self.s.fn, self.s.reference):
+            try:
+                jax.block_until_ready(f(*case))
+            except Exception:  # reported by the check that runs it, in the calling thread
+                continue
+
     # inputs ----------------------------------------------------------------------------------
 
     def once(self, key: Any, label: str, thunk: Callable[[], Any]) -> Any:
