@@ -474,7 +474,8 @@ def test_the_example_recipe_trains_float_quantises_calibrates_and_fine_tunes(tmp
     norm = Normalizer.fit(splits.train.x)
     test_x = np.asarray(norm.apply(splits.test.x))
     test = (jax.device_put(test_x), jax.device_put(np.asarray(splits.test.y)))
-    qat = load_quantized(DigitsCNN(rngs=nnx.Rngs(1)), printed["saved"], jax.device_put(test_x[:2]))
+    # 64 rows: the recipe's example shape, whose eager programs quantize_model built already.
+    qat = load_quantized(DigitsCNN(rngs=nnx.Rngs(1)), printed["saved"], jax.device_put(test_x[:64]))
     assert qat.stejax_rules == W4A4_RULES
     rows = {r.path: r for r in summary(qat)}
     assert (rows["conv1"].bits, rows["conv2"].bits, rows["head"].bits) == ("w8a8", "w4a4", "w4a4")
