@@ -148,7 +148,8 @@ def generate(
 ) -> Generation:
     """Sample up to ``tokens`` bytes after ``prompt``, a jitted model step and a jitted draw per byte.
 
-    Each byte's logits and the byte itself are read back to the host.
+    Per byte it also takes the step's logits and key eagerly (two single operations on the device), and reads
+    the logits and the byte back to the host.
 
     With ``cached=True`` the prompt goes through :meth:`Transformer.extend` once
     and each new byte is one call of length 1 against the cache. With
