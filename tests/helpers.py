@@ -139,6 +139,22 @@ def apply_splits(states: Any, x: Any) -> list[Any]:
     return [nnx.merge(*state)(x) for state in states]
 
 
+_GREEDY_LOOPS: dict[tuple[str, int], tuple[bytes, ...]] = {}
+
+
+def per_byte_greedy(path: Any, reference: Any, prompts: tuple[bytes, ...], tokens: int) -> tuple[bytes, ...]:
+    """The per-byte loop's (``stejax.lm.generate``) greedy ``tokens`` bytes after each prompt, key 0, by
+    ``reference``: computed once per artifact ``path`` and length, for every test that compares with it."""
+    from stejax.lm import generate
+
+    if (str(path), tokens) not in _GREEDY_LOOPS:
+        key = jax.random.key(0)
+        with jax.debug_key_reuse(False):
+            loops = tuple(generate(reference, p, tokens=tokens, key=key, temperature=0).tokens for p in prompts)
+        _GREEDY_LOOPS[str(path), tokens] = loops
+    return _GREEDY_LOOPS[str(path), tokens]
+
+
 def recurrence_allowance(expected, steps: int) -> float:
     """The absolute difference the contract allows between two programs computing one ``steps``-step recurrence.
 

@@ -55,7 +55,15 @@ def test_the_lm_decode_rows_figures_results_file_and_plot(artifacts, tmp_path):
 
 
 def test_random_large_model_forms_and_accelerator_rows(tmp_path):
-    from stejax.bench._lm_decode import device_figures, device_plot, device_rows, merge_device_results, random_model
+    from stejax.bench._lm_decode import (
+        DEVICE_COLUMNS,
+        _commits_apart,
+        device_figures,
+        device_plot,
+        device_rows,
+        merge_device_results,
+        random_model,
+    )
     from stejax.bench.results import Recorder, load_results
     from stejax.lm._kernel_blocks import unpack_slices
 
@@ -81,8 +89,6 @@ def test_random_large_model_forms_and_accelerator_rows(tmp_path):
         assert r["roofline"] == pytest.approx(r["resident_weight_bytes"] / (r["step_us"] * 1e-6) / 819e9)
     figures = device_figures(rows)
     assert figures["compiles_after_warmup"].met is True
-    from stejax.bench._lm_decode import DEVICE_COLUMNS
-
     parts = []
     for i in range(2):
         parts.append(tmp_path / f"part{i}.json")
@@ -102,8 +108,6 @@ def test_random_large_model_forms_and_accelerator_rows(tmp_path):
     assert again["rows"][-1]["commit"] == "later" and again["commit"]["id"] == "later"
     assert {r["commit"] for r in again["rows"][:-1]} == {doc["rows"][0]["commit"]}
     # A ratio over rows of different runs says so (the rows' commits); over one run's rows it does not.
-    from stejax.bench._lm_decode import _commits_apart
-
     assert _commits_apart(rows[0], rows[1]) == "" == _commits_apart(again["rows"][0], again["rows"][1])
     apart = _commits_apart(again["rows"][-1], {**again["rows"][0], "commit": "abc"})
     assert apart == "; its rows were measured at different commits (abc, later)"

@@ -16,7 +16,7 @@ from stejax.bench import CompileCounter
 from stejax.lm import LMConfig, LowBitLinear, Transformer, decode, draw_byte, generate, load_lowbit
 from stejax.lm._export import export_lm
 
-from helpers import CONTRACT, apply_split
+from helpers import CONTRACT, apply_split, per_byte_greedy
 
 # Room for a 16-byte prompt and 256 new bytes.
 TINY = LMConfig(context=272, width=32, depth=1, heads=2, hidden=64)
@@ -46,17 +46,9 @@ def _load(artifacts, config: str, form: str = "int8") -> Any:
     return _LOADED[str(path), config, form]
 
 
-_PER_BYTE: dict[str, tuple[bytes, ...]] = {}
-
-
 def _per_byte(artifacts, config: str) -> tuple[bytes, ...]:
-    """The per-byte loop's greedy 256 bytes after each prompt, by the integer reference, once per artifact."""
-    path = str(artifacts[1][config])
-    if path not in _PER_BYTE:
-        reference, key = _load(artifacts, config).reference, jax.random.key(0)
-        with jax.debug_key_reuse(False):
-            _PER_BYTE[path] = tuple(generate(reference, p, tokens=256, key=key, temperature=0).tokens for p in PROMPTS)
-    return _PER_BYTE[path]
+    """The per-byte loop's greedy 256 bytes after each prompt, by the artifact's integer reference."""
+    return per_byte_greedy(artifacts[1][config], _load(artifacts, config).reference, PROMPTS, 256)
 
 
 @pytest.mark.parametrize("config", PARITY_CONFIGS)

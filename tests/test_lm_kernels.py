@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from stejax.lm import LMConfig, LowBitLinear, Transformer, decode, generate
+from stejax.lm import LMConfig, LowBitLinear, Transformer, decode
 from stejax.lm._kernel_blocks import Blocks, default_blocks
 from stejax.lm._kernel_fused import (
     FUSED_FORMS,
@@ -30,7 +30,7 @@ from stejax.lm._kernel_ternary import ternary_accumulate, ternary_accumulate_ref
 from stejax.lm._kernel_vpu import kernel_method, vpu_blocks
 from stejax.lm._lowbit import is_vpu_layer, lowbit_linear, pack_groups, with_kernel_method
 
-from helpers import apply_split, apply_splits
+from helpers import apply_split, apply_splits, per_byte_greedy
 
 # Compiled Pallas TPU kernels need a TPU (v5e or newer: int8 on the MXU). Interpret mode stands in for them where
 # there is none; on a TPU (`make test-device`) the compiled kernel is the case: it checks against the same
@@ -526,9 +526,6 @@ def test_vector_unit_logits_equal_the_xla_integer_path(artifacts, config, form):
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
 
 
-_PER_BYTE: dict[str, tuple[bytes, ...]] = {}
-
-
 @pytest.mark.parametrize(
     ("config", "method"), [("w8a8", "mxu"), ("w4a8", "mxu"), ("w1.58a8", "mxu"), ("w1.58a8", "vpu")]
 )  # float has no low-bit layer (test_lm_decode)
@@ -536,14 +533,8 @@ def test_greedy_bytes_with_kernels_equal_the_per_byte_loop(artifacts, config, me
     from stejax.lm import load_lowbit
 
     loaded = load_lowbit(artifacts[config], ternary="2bit")
-    key = jax.random.key(0)
-    if config not in _PER_BYTE:  # the per-byte loop of the integer reference, once per artifact
-        with jax.debug_key_reuse(False):
-            _PER_BYTE[config] = tuple(
-                generate(loaded.reference, p, tokens=48, key=key, temperature=0).tokens for p in PROMPTS
-            )
-    want = _PER_BYTE[config]
-    got = decode(_with_kernels(loaded.model, method), list(PROMPTS), tokens=48, key=key, temperature=0)
+    want = per_byte_greedy(artifacts[config], loaded.reference, PROMPTS, 48)  # once per artifact
+    got = decode(_with_kernels(loaded.model, method), list(PROMPTS), tokens=48, key=jax.random.key(0), temperature=0)
     assert got.texts == want
 
 
