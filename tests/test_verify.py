@@ -5,11 +5,11 @@ The broken estimators, one per class of bug, are in test_verify_broken.py.
 
 from __future__ import annotations
 
-import collections
 import concurrent.futures
 import dataclasses
 import json
-import threading
+import subprocess
+import sys
 import time
 
 import jax
@@ -408,24 +408,38 @@ def test_assert_surrogate_passes_and_fails():
         assert_surrogate(stejax.floor_ste, reference=jnp.floor, derivative=double, dtypes=("float32",))
 
 
-def test_check_catalog_compiles_the_eager_checks_operations_in_its_workers(monkeypatch):
+# Run in a fresh process: compilations are counted from empty caches, and clearing the caches of the suite's own
+# process (jax.clear_caches) would make every later test there compile its programs again.
+_WARM_UP_CHILD = """
+import collections, json, threading
+import jax
+jax.config.update("jax_enable_compilation_cache", False)  # a program read from a cache is not compiled
+jax.config.update("jax_numpy_dtype_promotion", "strict")
+jax.config.update("jax_numpy_rank_promotion", "raise")
+import stejax.verify._catalog as catalog
+
+catalog.compile_workers = lambda: 2
+calling, threads = threading.get_ident(), collections.Counter()
+
+def listen(event, duration_secs, **kwargs):
+    if event == "/jax/core/compile/backend_compile_duration":
+        threads["calling" if threading.get_ident() == calling else "worker"] += 1
+
+jax.monitoring.register_event_duration_secs_listener(listen)
+reports = catalog.check_catalog(names=["magnitude_aware_sign", "ternary"], dtypes=("float16",))
+print(json.dumps({"ok": reports.ok, "threads": threads}))
+"""
+
+
+@pytest.mark.needs_cpu("a fresh process (it counts the programs compiled from empty caches)")
+def test_check_catalog_compiles_the_eager_checks_operations_in_its_workers():
     # Each worker runs the estimator and its reference once eagerly after compiling its program, so the calling
-    # thread finds the single operations of the eager checks compiled (caches cleared: nothing compiled before).
-    monkeypatch.setattr("stejax.verify._catalog.compile_workers", lambda: 2)
-    jax.clear_caches()
-    calling, threads = threading.get_ident(), collections.Counter()
-
-    def listen(event, duration_secs, **kwargs):
-        if event == "/jax/core/compile/backend_compile_duration":
-            threads["calling" if threading.get_ident() == calling else "worker"] += 1
-
-    jax.monitoring.register_event_duration_secs_listener(listen)
-    try:
-        reports = check_catalog(names=["magnitude_aware_sign", "ternary"], dtypes=("float16",))
-    finally:
-        jax.monitoring.unregister_event_duration_listener(listen)
-    assert reports.ok, [failures(r) for r in reports.reports]
-    assert threads["worker"] > 2 and threads["calling"] == 0, threads
+    # thread finds the single operations of the eager checks compiled.
+    done = subprocess.run([sys.executable, "-c", _WARM_UP_CHILD], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout.splitlines()[-1])
+    assert got["ok"], got
+    assert got["threads"].get("worker", 0) > 2 and got["threads"].get("calling", 0) == 0, got
 
 
 def test_check_catalog_compiles_several_programs_at_once_in_catalog_order(monkeypatch):
