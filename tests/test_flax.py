@@ -515,3 +515,28 @@ def test_save_run_refuses_a_config_of_another_model(trained, tmp_path):
     model, config, result, _, _ = trained
     with pytest.raises(ValueError, match="save_run: config describes w2a2"):
         save_run(model, dataclasses.replace(config, preset="w2a2"), result, tmp_path / "x", splits=_splits())
+
+
+# ----------------------------------------------------------------------------- the example's recipe
+
+
+def test_the_example_recipe_trains_float_quantises_calibrates_and_fine_tunes(tmp_path, capsys):
+    # The example program end to end (the numerics of each of its steps are stejax.flax's, in test_flax_rules.py).
+    from stejax.data import Normalizer
+    from stejax.flax import load_quantized, summary
+    from stejax.flax.example import W4A4_RULES, accuracy_of, main
+    from stejax.flax.models import DigitsCNN as PlainCNN
+
+    printed = main(["--float-steps", "3", "--qat-steps", "2", "--out", str(tmp_path)])
+    assert "test_accuracy_ptq" in capsys.readouterr().out
+    assert all(0 <= printed[f"test_accuracy_{k}"] <= 1 for k in ("float", "ptq", "qat_from_float"))
+    splits = split(load_digits(), seed=0)
+    norm = Normalizer.fit(splits.train.x)
+    test_x = np.asarray(norm.apply(splits.test.x))
+    test = (jax.device_put(test_x), jax.device_put(np.asarray(splits.test.y)))
+    # 64 rows: the recipe's example shape, whose eager programs quantize_model built already.
+    qat = load_quantized(PlainCNN(rngs=nnx.Rngs(1)), printed["saved"], jax.device_put(test_x[:64]))
+    assert qat.stejax_rules == W4A4_RULES
+    rows = {r.path: r for r in summary(qat)}
+    assert (rows["conv1"].bits, rows["conv2"].bits, rows["head"].bits) == ("w8a8", "w4a4", "w4a4")
+    assert round(accuracy_of(qat, test), 4) == printed["test_accuracy_qat_from_float"]  # the saved model is the one

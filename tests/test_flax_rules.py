@@ -458,25 +458,6 @@ def test_save_and_load_quantise_again_identically(tmp_path):
     loaded = load_quantized(DigitsCNN(rngs=nnx.Rngs(1)), path, x)
     assert loaded.stejax_rules == qmodel.stejax_rules
     assert_bitwise_equal(loaded(x), np.asarray(qmodel(x)))
+    # Refused before the model runs: the example input (a shape the model refuses) is never used.
     with pytest.raises(ValueError, match=re.escape("conv1/bias is float32[16]; the model has float32[8]")):
-        load_quantized(DigitsCNN((8, 16), rngs=nnx.Rngs(1)), path, x)
-
-
-def test_the_example_recipe_trains_float_quantises_calibrates_and_fine_tunes(tmp_path, capsys):
-    from stejax.data import Normalizer, load_digits, split
-    from stejax.flax import load_quantized
-    from stejax.flax.example import W4A4_RULES, accuracy_of, main
-
-    printed = main(["--float-steps", "3", "--qat-steps", "2", "--out", str(tmp_path)])
-    assert "test_accuracy_ptq" in capsys.readouterr().out
-    assert all(0 <= printed[f"test_accuracy_{k}"] <= 1 for k in ("float", "ptq", "qat_from_float"))
-    splits = split(load_digits(), seed=0)
-    norm = Normalizer.fit(splits.train.x)
-    test_x = np.asarray(norm.apply(splits.test.x))
-    test = (jax.device_put(test_x), jax.device_put(np.asarray(splits.test.y)))
-    # 64 rows: the recipe's example shape, whose eager programs quantize_model built already.
-    qat = load_quantized(DigitsCNN(rngs=nnx.Rngs(1)), printed["saved"], jax.device_put(test_x[:64]))
-    assert qat.stejax_rules == W4A4_RULES
-    rows = {r.path: r for r in summary(qat)}
-    assert (rows["conv1"].bits, rows["conv2"].bits, rows["head"].bits) == ("w8a8", "w4a4", "w4a4")
-    assert round(accuracy_of(qat, test), 4) == printed["test_accuracy_qat_from_float"]  # the saved model is the one
+        load_quantized(DigitsCNN((8, 16), rngs=nnx.Rngs(1)), path, _x((2, 3)))

@@ -100,7 +100,8 @@ def load_quantized(
     Raises:
       FileNotFoundError: no such file.
       stejax.InputFileError: not a safetensors file, or no rules recorded in it.
-      ValueError: a variable missing, extra or of another shape (named).
+      ValueError: a variable missing, extra or of another shape (named). The
+        float model's own variables are checked before it runs.
     """
     from safetensors import safe_open
 
@@ -111,6 +112,10 @@ def load_quantized(
         metadata = f.metadata() or {}
     if RULES_KEY not in metadata:
         raise InputFileError(f"{path}: no {RULES_KEY} in the header; not written by stejax.flax.save_quantized.")
+    # The float model's own variables first: a model of other shapes is refused before it runs.
+    for name, var in _variables(model, as_variables=True).items():
+        if name in tensors:
+            _check_fits(path, name, tensors[name], var)
     qmodel = quantize_model(model, rules_from_json(metadata[RULES_KEY]), *example_inputs, strict=False, rngs=rngs)
     variables = _variables(qmodel, as_variables=True)
     missing, extra = sorted(set(variables) - set(tensors)), sorted(set(tensors) - set(variables))
@@ -118,14 +123,18 @@ def load_quantized(
         raise ValueError(f"load_quantized: {path} does not fit the model: missing {missing[:5]}, extra {extra[:5]}.")
     for name, var in variables.items():
         value = tensors[name]
-        if value.shape != tuple(var[...].shape) or value.dtype != var[...].dtype:
-            raise ValueError(
-                f"load_quantized: {path}: {name} is {value.dtype}{list(value.shape)}; the model has "
-                f"{var[...].dtype}{list(var[...].shape)}."
-            )
+        _check_fits(path, name, value, var)
         # A transfer to where the variable lives (a NumPy value set in place would compile a program per shape).
         var[...] = jax.device_put(value, var[...].sharding)
     return qmodel
+
+
+def _check_fits(path: Any, name: str, value: np.ndarray, var: nnx.Variable) -> None:
+    if value.shape != tuple(var[...].shape) or value.dtype != var[...].dtype:
+        raise ValueError(
+            f"load_quantized: {path}: {name} is {value.dtype}{list(value.shape)}; the model has "
+            f"{var[...].dtype}{list(var[...].shape)}."
+        )
 
 
 def _variables(model: nnx.Module, *, as_variables: bool = False) -> dict[str, Any]:
