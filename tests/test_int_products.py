@@ -330,6 +330,3 @@ def test_lm_train_takes_a_product(tmp_path, monkeypatch):
     refused = CliRunner().invoke(main, [*run, "--preset", "w4a8", "--product", "int8"])
     assert refused.exit_code == 2 and "Invalid value for --product" in refused.output, refused.output
     assert "integer products take int8 per-channel or ternary weights" in " ".join(refused.output.split())
-
-
-# ----------------------------------------------------------------------------- the train-step suite
