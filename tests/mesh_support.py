@@ -21,7 +21,7 @@ from pathlib import Path
 
 N_DEVICES = 8
 # The modules whose ``mesh_work`` the subprocess runs, in this order.
-MODULES = ("test_sharding", "test_sharding_nonfinite")
+MODULES = ("test_sharding", "test_sharding_nonfinite", "test_lm_train_scale")
 # A real hang fails rather than waits forever; the work takes about 100 CPU-s.
 TIMEOUT_S = 900
 

@@ -150,14 +150,17 @@ def epoch_line(record: Any, epochs: int) -> str:
     return f"epoch {record['epoch']}/{epochs} loss {record['train_loss']:.4f} val {100 * record['val_accuracy']:.1f}%"
 
 
-def progress_bar(console: Console) -> Progress:
-    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+def progress_bar(console: Console, *, rate: bool = False) -> Progress:
+    """A bar for a job of known length; ``rate=True`` adds the task's ``rate`` field and the time left."""
+    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+    extra = (TextColumn("{task.fields[rate]}"), TimeRemainingColumn()) if rate else ()
     return Progress(
         TextColumn("{task.description}"),
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
+        *extra,
         console=console,
         transient=True,
         # No bar when the output is not a terminal (pipes, CI, tests).

@@ -87,6 +87,72 @@ def lm_group() -> None:
 )
 @click.option("--seed", type=int, default=0, show_default=True, help="The seed of the initial parameters and batches.")
 @click.option(
+    "--size",
+    type=click.Choice(["25M", "100M", "350M"]),
+    default=None,
+    help="A named architecture (docs/lm.md: width, depth, heads, hidden width, 256 bytes of context, SubLN "
+    "norms); shape options given beside it change that field only. Without it: the small shape of the options' "
+    "defaults.",
+)
+@click.option(
+    "--precision",
+    type=click.Choice(["auto", "float32", "bfloat16"]),
+    default="auto",
+    show_default=True,
+    help="The step's compute dtype. bfloat16: mixed precision, float32 master weights and optimiser state. "
+    "auto: bfloat16 on a TPU, float32 elsewhere.",
+)
+@click.option(
+    "--recipe",
+    type=click.Choice(["standard", "bitnet"]),
+    default="standard",
+    show_default=True,
+    help="The schedule. standard: warm-up, one cosine, weight decay 0.1 throughout. bitnet: BitNet b1.58's two "
+    "stages, a cosine to the midpoint, a drop, a second cosine, and no weight decay from the midpoint on.",
+)
+@click.option(
+    "--eval-every",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Steps between validation evaluations (a line of metrics.jsonl each). Default: a tenth of the steps.",
+)
+@click.option(
+    "--checkpoint-every",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Steps between orbax checkpoints in OUT/checkpoints (parameters, optimiser state, step, key); a "
+    "multiple of --eval-every. Default: none.",
+)
+@click.option(
+    "--resume",
+    is_flag=True,
+    default=False,
+    help="Continue the run in OUT from its newest checkpoint, with the same options: it ends where the run "
+    "would have ended without the stop.",
+)
+@click.option(
+    "--devices",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Train data parallel on this many devices (a mesh over jax.devices(); across hosts, every process "
+    "runs the same command after jax.distributed.initialize). The batch size must be a multiple.",
+)
+@click.option(
+    "--fsdp",
+    is_flag=True,
+    default=False,
+    help="With --devices: split every parameter and its optimiser state over the devices (FSDP) instead of "
+    "keeping a copy on each.",
+)
+@click.option(
+    "--test-bytes",
+    type=click.IntRange(min=1024),
+    default=65536,
+    show_default=True,
+    help="Bytes of the test split scored at the end (from its start).",
+)
+@click.option(
     "--context", type=click.IntRange(min=2), default=64, show_default=True, help="Bytes the model sees at once."
 )
 @click.option("--width", type=click.IntRange(min=2), default=64, show_default=True, help="The model dimension.")
@@ -118,6 +184,15 @@ def train_command(
     batch_size: int,
     learning_rate: float,
     seed: int,
+    size: str | None,
+    precision: str,
+    recipe: str,
+    eval_every: int | None,
+    checkpoint_every: int | None,
+    resume: bool,
+    devices: int,
+    fsdp: bool,
+    test_bytes: int,
     context: int,
     width: int,
     depth: int,
@@ -130,7 +205,8 @@ def train_command(
 
     OUT gets config.json, metrics.jsonl (one line per evaluation),
     params.safetensors and report.json (the test bits per byte). With --from,
-    the architecture and the starting parameters come from that run.
+    the architecture and the starting parameters come from that run. With a
+    corpus folder built by `stejax lm corpus`, the splits are memory-mapped.
     """
     import jax
     from flax import nnx
@@ -143,7 +219,9 @@ def train_command(
         Transformer,
         bits_per_byte,
         build_corpus,
+        lm_size,
         load_checkpoint,
+        parameter_count,
         quantize_lm,
         train_lm,
     )
@@ -151,8 +229,22 @@ def train_command(
     if from_run is not None:
         model_config = LMConfig(**json.loads((from_run / "config.json").read_text())["model"])
     else:
+        shape: dict[str, Any] = {
+            "context": context,
+            "width": width,
+            "depth": depth,
+            "heads": heads,
+            "hidden": hidden,
+            "norms": norms,
+        }
         try:
-            model_config = LMConfig(context=context, width=width, depth=depth, heads=heads, hidden=hidden, norms=norms)
+            if size is None:
+                model_config = LMConfig(**shape)
+            else:
+                # A named size, with the shape options the user gave on the command line.
+                given = click.get_current_context().get_parameter_source
+                changes = {k: v for k, v in shape.items() if given(k) is click.core.ParameterSource.COMMANDLINE}
+                model_config = lm_size(size).replace(**changes)
         except ValueError as e:
             raise click.BadParameter(str(e)) from None
     try:
@@ -168,14 +260,38 @@ def train_command(
     if from_run is not None:
         model = load_checkpoint(model, from_run / "params.safetensors")
     model = quantize_lm(model, config_name if config.input_block is None and product == "fake-quant" else config)
-    settings = TrainSettings(
-        steps=steps,
-        batch_size=batch_size,
-        learning_rate=learning_rate,
-        warmup=max(1, steps // 20),
-        eval_every=max(1, steps // 10),
-        eval_windows=32,
-    )
+    if precision == "auto":
+        precision = "bfloat16" if jax.default_backend() == "tpu" else "float32"
+    mesh = None
+    if devices > 1 or fsdp:
+        from stejax.train import data_mesh
+
+        try:
+            mesh = data_mesh(devices)
+        except ValueError as e:
+            raise click.BadParameter(str(e), param_hint="--devices") from None
+        if batch_size % devices:
+            raise click.BadParameter(
+                f"the batch of {batch_size} windows does not split over {devices} devices; expected a multiple "
+                f"of {devices}.",
+                param_hint="--batch-size",
+            )
+    eval_every = eval_every or max(1, steps // 10)
+    try:
+        settings = TrainSettings(
+            steps=steps,
+            batch_size=batch_size,
+            learning_rate=learning_rate,
+            warmup=max(1, steps // 20),
+            eval_every=eval_every,
+            eval_windows=32,
+            compute_dtype=precision,
+            checkpoint_every=checkpoint_every,
+            two_stage=recipe == "bitnet",
+            stage_two_weight_decay=0.0 if recipe == "bitnet" else None,
+        )
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(
         json.dumps(
@@ -185,6 +301,9 @@ def train_command(
                 "input_block": config.input_block,
                 "product": product,
                 "settings": settings.to_dict(),
+                "recipe": recipe,
+                "devices": devices,
+                "param_sharding": "sharded" if fsdp else "replicated",
                 "seed": seed,
                 "from": str(from_run) if from_run else None,
                 "corpus": data.describe() | {"files": None},
@@ -195,34 +314,53 @@ def train_command(
     )
     console = Console()
     blocks = "" if config.input_block is None else f", inputs per block of {config.input_block}"
+    where = "" if mesh is None else f", {devices} devices{' (FSDP)' if fsdp else ''}"
     console.print(
         Text(
-            f"training {config_name}{blocks} ({sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))} "
-            f"parameters, {steps} steps) on {data.source}"
+            f"training {config_name}{blocks} ({parameter_count(model_config):,} parameters, {steps} steps of "
+            f"{batch_size}x{model_config.context} bytes, {precision}{where}) on {data.source}"
         )
     )
     for note in gguf_notes:
         console.print(Text(f"note: {note}"))
-    with progress_bar(console) as progress:
-        task = progress.add_task(config_name, total=steps)
+    with progress_bar(console, rate=True) as progress:
+        task = progress.add_task(config_name, total=steps, rate="")
+        last_val = [""]
+
+        def on_step(record: Mapping[str, float]) -> None:
+            progress.update(
+                task,
+                completed=record["step"],
+                description=f"{config_name} loss {record['loss'] / 0.6931471805599453:.3f} bpb{last_val[0]}",
+                rate=f"{record['bytes_per_s'] / 1e6:.2f} MB/s",
+            )
 
         def on_eval(record: Mapping[str, float]) -> None:
-            progress.update(
-                task, completed=record["step"], description=f"{config_name} val {record['val_bpb']:.3f} bpb"
-            )
+            last_val[0] = f", val {record['val_bpb']:.3f}"
 
         result = guarded(
             lambda: train_lm(
-                model, data.data["train"], data.data["validation"], settings, key=k_train, out_dir=out, on_eval=on_eval
+                model,
+                data.data["train"],
+                data.data["validation"],
+                settings,
+                key=k_train,
+                out_dir=out,
+                on_eval=on_eval,
+                on_step=on_step,
+                mesh=mesh,
+                param_sharding="sharded" if fsdp else "replicated",
+                resume=resume,
             )
         )
-    test_bpb = bits_per_byte(result.model, data.data["test"][:65536])
+    scored = data.data["test"][:test_bytes]
+    test_bpb = bits_per_byte(result.model, scored)
     report = {
         "config": config_name,
         "input_block": config.input_block,
         "test_bpb": test_bpb,
         "step_ms_median": result.step_ms_median,
-        "scored": "first 65536 bytes of the test split",
+        "scored": f"first {scored.size} bytes of the test split",
     }
     (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     console.print(Text(f"test {test_bpb:.4f} bits per byte; step {result.step_ms_median:.1f} ms (median); wrote {out}"))

@@ -50,10 +50,13 @@ from stejax.lm._lowbit import LowBitLinear as LowBitLinear
 from stejax.lm._lowbit import LowBitLM as LowBitLM
 from stejax.lm._lowbit import load_lowbit as load_lowbit
 from stejax.lm._model import LLAMA as LLAMA
+from stejax.lm._model import SIZES as SIZES
 from stejax.lm._model import LayerCache as LayerCache
 from stejax.lm._model import LMConfig as LMConfig
 from stejax.lm._model import Transformer as Transformer
 from stejax.lm._model import init_cache as init_cache
+from stejax.lm._model import lm_size as lm_size
+from stejax.lm._model import parameter_count as parameter_count
 from stejax.lm._quantisers import activation_quantiser as activation_quantiser
 from stejax.lm._quantisers import weight_quantiser as weight_quantiser
 from stejax.lm._references import compressor_bpb as compressor_bpb
@@ -62,6 +65,7 @@ from stejax.lm._references import references as references
 from stejax.lm._sample import Generation as Generation
 from stejax.lm._sample import draw_byte as draw_byte
 from stejax.lm._sample import generate as generate
+from stejax.lm._train import COMPUTE_DTYPES as COMPUTE_DTYPES
 from stejax.lm._train import LMTrainResult as LMTrainResult
 from stejax.lm._train import TrainSettings as TrainSettings
 from stejax.lm._train import bits_per_byte as bits_per_byte

@@ -42,7 +42,18 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-__all__ = ["LLAMA", "RMS_EPS", "LMConfig", "LayerCache", "Transformer", "init_cache", "rotary"]
+__all__ = [
+    "LLAMA",
+    "RMS_EPS",
+    "SIZES",
+    "LMConfig",
+    "LayerCache",
+    "Transformer",
+    "init_cache",
+    "lm_size",
+    "parameter_count",
+    "rotary",
+]
 
 VOCAB = 256
 # Every RMSNorm's epsilon (nnx.RMSNorm's default); a GGUF file states it as llama.attention.layer_norm_rms_epsilon.
@@ -112,6 +123,59 @@ class LMConfig:
 LLAMA = LMConfig(context=64, width=64, depth=2, heads=2, hidden=160, norms="llama")
 
 
+# The named sizes users train on an accelerator: BitNet's SubLN layout (an RMSNorm before every quantised
+# linear's input, which llama.cpp runs as its BitNet architecture), SwiGLU at about 2.5x the width, 64-wide
+# heads (128 at 350M), 256 bytes of context. Widths and hidden widths are multiples of 256, so that every
+# quantised linear's rows fill llama.cpp's 256-value TQ2_0 and Q8_K blocks.
+SIZES: dict[str, LMConfig] = {
+    "25M": LMConfig(context=256, width=512, depth=8, heads=8, hidden=1280, norms="subln"),
+    "100M": LMConfig(context=256, width=1024, depth=8, heads=16, hidden=2816, norms="subln"),
+    "350M": LMConfig(context=256, width=1536, depth=12, heads=12, hidden=4096, norms="subln"),
+}
+
+
+def lm_size(name: str) -> LMConfig:
+    """The architecture of a named size (:data:`SIZES`).
+
+    ======  =====  =====  =====  ======  ============
+    size    width  depth  heads  hidden  parameters
+    ======  =====  =====  =====  ======  ============
+    25M     512    8      8      1280    24.4M
+    100M    1024   8      16     2816    103.3M
+    350M    1536   12     12     4096    340.6M
+    ======  =====  =====  =====  ======  ============
+
+    All three: 256 bytes of context, SubLN norms, SwiGLU, rotary positions,
+    an untied head.
+
+    Raises:
+      KeyError: an unknown name (the message lists the sizes).
+
+    Example:
+      >>> lm_size("25M").width
+      512
+    """
+    if name not in SIZES:
+        raise KeyError(f"unknown LM size {name!r}; expected one of {', '.join(SIZES)}.")
+    return SIZES[name]
+
+
+def parameter_count(config: LMConfig) -> int:
+    """The number of parameters of :class:`Transformer` with this architecture, counted without building it.
+
+    Example:
+      >>> parameter_count(lm_size("100M"))
+      103332864
+    """
+    d, h = config.width, config.hidden
+    attention = 4 * d * d + (d if config.norms == "subln" else 0)
+    mlp = (3 if config.mlp == "swiglu" else 2) * d * h + (h if config.norms == "subln" else 0)
+    block = attention + mlp + 2 * d
+    embeddings = VOCAB * d + (config.context * d if config.positions == "learned" else 0)
+    head = 0 if config.tied else d * VOCAB
+    return config.depth * block + embeddings + head + d
+
+
 class LayerCache(NamedTuple):
     """One block's key-value cache."""
 
@@ -142,8 +206,9 @@ def rotary(x: jax.Array, positions: jax.Array) -> jax.Array:
     theta = 10000.0 ** (-jnp.arange(0, d, 2, dtype=jnp.float32) / d)
     angle = positions.astype(jnp.float32)[:, None] * theta[None, :]  # (time, d/2)
     cos, sin = jnp.cos(angle)[None, :, None, :], jnp.sin(angle)[None, :, None, :]
-    even, odd = x[..., 0::2], x[..., 1::2]
-    return jnp.stack([even * cos - odd * sin, even * sin + odd * cos], axis=-1).reshape(x.shape)
+    even, odd = x[..., 0::2].astype(jnp.float32), x[..., 1::2].astype(jnp.float32)
+    # Rotated in float32, returned in x's dtype (a bfloat16 model's q and k stay bfloat16).
+    return jnp.stack([even * cos - odd * sin, even * sin + odd * cos], axis=-1).reshape(x.shape).astype(x.dtype)
 
 
 def _linear(n_in: int, n_out: int, rngs: nnx.Rngs) -> nnx.Linear:
@@ -181,12 +246,14 @@ class Attention(nnx.Module):
             values = jax.lax.dynamic_update_slice(cache.values, v.astype(cache.values.dtype), (0, start, 0, 0))
             key_positions = jnp.arange(keys.shape[1])
             cache = LayerCache(keys, values)
-        scores = jnp.einsum("bqhd,bkhd->bhqk", q, keys) / math.sqrt(d // self.heads)
+        # Scores and softmax in float32 whatever the model's dtype (a bfloat16 model's products accumulate there).
+        scores = jnp.einsum("bqhd,bkhd->bhqk", q, keys.astype(q.dtype), preferred_element_type=jnp.float32)
+        scores = scores / math.sqrt(d // self.heads)
         # Causal: a query sees keys at its own position and before (empty cache slots lie after).
         visible = key_positions[None, :] <= positions[:, None]
         scores = jnp.where(visible[None, None], scores, -jnp.inf)
         weights = jax.nn.softmax(scores, axis=-1)
-        out = jnp.einsum("bhqk,bkhd->bqhd", weights, values).reshape(b, t, d)
+        out = jnp.einsum("bhqk,bkhd->bqhd", weights.astype(values.dtype), values).reshape(b, t, d).astype(x.dtype)
         return self.o(self.o_norm(out) if self.subln else out), cache
 
 
@@ -267,7 +334,8 @@ class Transformer(nnx.Module):
                 "expected at most that many."
             )
         positions = start + jnp.arange(tokens.shape[1])
-        x = self.embed(tokens.astype(jnp.int32))
+        # In the table's dtype (nnx.Embed returns float32 from a bfloat16 table): a bfloat16 model runs in bfloat16.
+        x = self.embed(tokens.astype(jnp.int32)).astype(self.embed.embedding[...].dtype)
         if self.config.positions == "learned":
             x = x + self.position(positions)
         new_cache: list[LayerCache] = []

@@ -43,6 +43,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from stejax import keys
 from stejax.train import NonFiniteError, save_params
@@ -59,6 +60,8 @@ __all__ = [
 ]
 
 LN2 = math.log(2.0)
+# The dtypes a training step can compute in (the master weights and the optimiser state stay float32).
+COMPUTE_DTYPES = ("float32", "bfloat16")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,6 +84,11 @@ class TrainSettings:
       stage_two_start: the rate at the midpoint over the peak (``two_stage`` only).
       stage_two_weight_decay: the weight decay from the midpoint on (None: ``weight_decay`` throughout;
         BitNet b1.58: 0).
+      compute_dtype: ``"float32"``, or ``"bfloat16"`` for mixed precision: the forward and backward passes
+        run on bfloat16 copies of the parameters (norm statistics, the softmax of the loss and the logits stay
+        float32), while the optimiser keeps and updates float32 master weights.
+      checkpoint_every: steps between checkpoints (a multiple of ``eval_every``; None: none), written with
+        orbax-checkpoint under ``OUT/checkpoints`` when :func:`train_lm` has an ``out_dir``.
     """
 
     steps: int = 2000
@@ -96,6 +104,8 @@ class TrainSettings:
     stage_one_end: float = 8 / 15
     stage_two_start: float = 1 / 3
     stage_two_weight_decay: float | None = None
+    compute_dtype: str = "float32"
+    checkpoint_every: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "eval_every", "eval_windows"):
@@ -118,6 +128,21 @@ class TrainSettings:
             raise ValueError(
                 "TrainSettings: expected stage_one_end and stage_two_start in [0, 1]; got "
                 f"{self.stage_one_end}, {self.stage_two_start}."
+            )
+        if self.compute_dtype not in COMPUTE_DTYPES:
+            raise ValueError(
+                f"TrainSettings: `compute_dtype` must be one of {list(COMPUTE_DTYPES)}; got {self.compute_dtype!r}."
+            )
+        if self.checkpoint_every is not None and (
+            isinstance(self.checkpoint_every, bool)
+            or not isinstance(self.checkpoint_every, int)
+            or self.checkpoint_every < 1
+            or self.checkpoint_every % self.eval_every
+        ):
+            raise ValueError(
+                "TrainSettings: `checkpoint_every` must be None or a positive multiple of `eval_every` "
+                f"({self.eval_every}): a checkpoint is written right after an evaluation; "
+                f"got {self.checkpoint_every!r}."
             )
         if self.two_stage and self.warmup > self.midpoint:
             raise ValueError(
@@ -231,9 +256,23 @@ def _windows(stream: jax.Array, starts: jax.Array, length: int) -> jax.Array:
     return jax.vmap(lambda s: jax.lax.dynamic_slice(stream, (s,), (length,)))(starts)
 
 
-def _loss(graphdef: Any, params: Any, rest: Any, batch: jax.Array) -> jax.Array:
-    model = nnx.merge(graphdef, params, rest)
-    logits = model(batch[:, :-1])
+def _compute_copy(params: Any, dtype: str) -> Any:
+    """The floating parameters cast to ``dtype`` (the cast's gradient brings the cotangent back to float32)."""
+    if dtype == "float32":
+        return params
+    target = jnp.dtype(dtype)
+    return jax.tree.map(lambda p: p.astype(target) if jnp.issubdtype(p.dtype, jnp.floating) else p, params)
+
+
+def _loss(graphdef: Any, params: Any, rest: Any, batch: jax.Array, dtype: str = "float32") -> jax.Array:
+    model = nnx.merge(graphdef, _compute_copy(params, dtype), rest)
+    if dtype == "float32":
+        logits = model(batch[:, :-1])
+    else:
+        # Flax's norms take their statistics in float32 by promoting the input's dtype with float32, which
+        # strict promotion (as the test suite runs) refuses; every other cast of the model is explicit.
+        with jax.numpy_dtype_promotion("standard"):
+            logits = model(batch[:, :-1])
     return optax.softmax_cross_entropy_with_integer_labels(logits, batch[:, 1:].astype(jnp.int32)).mean()
 
 
@@ -285,19 +324,41 @@ def train_lm(
     key: jax.Array,
     out_dir: str | os.PathLike | None = None,
     on_eval: Callable[[Mapping[str, float]], None] | None = None,
+    on_step: Callable[[Mapping[str, float]], None] | None = None,
+    mesh: Mesh | None = None,
+    param_sharding: str = "replicated",
+    resume: bool = False,
 ) -> LMTrainResult:
     """Train ``model`` (float or quantised) for ``settings.steps`` steps from its current parameters.
 
     Args:
       model: a :class:`stejax.lm.Transformer`, possibly quantised by
         :func:`stejax.lm.quantize_lm`; not modified (a trained copy is returned).
-      train, validation: the byte streams (``uint8``).
-      settings: the schedule.
+      train, validation: the byte streams (``uint8``; a ``np.memmap`` is read
+        once, onto the devices).
+      settings: the schedule, precision and checkpoint interval.
       key: a typed PRNG key (``jax.random.key``); every step's batch key is
         split from it.
-      out_dir: if given, ``metrics.jsonl`` (one line per evaluation) and
-        ``params.safetensors`` (the final parameters) are written there.
-      on_eval: called with each evaluation record (the CLI's progress bar).
+      out_dir: if given, ``metrics.jsonl`` (one line per evaluation),
+        ``params.safetensors`` (the final parameters) and, with
+        ``settings.checkpoint_every``, orbax checkpoints under ``checkpoints/``
+        are written there.
+      on_eval: called with each evaluation record.
+      on_step: called after each step with ``step``, ``loss`` (nats) and
+        ``bytes_per_s`` (training bytes a second since the first step), for a
+        progress bar.
+      mesh: a mesh with a ``"data"`` axis (:func:`stejax.train.data_mesh`):
+        each step's windows are split over it (data parallel) and the
+        parameters and optimiser state are laid out as ``param_sharding``
+        says. ``batch_size`` must be a multiple of the axis size. None: the
+        default device.
+      param_sharding: ``"replicated"``, or ``"sharded"`` (FSDP: each
+        parameter and its optimiser state split over the ``"data"`` axis along
+        its largest divisible axis; :func:`stejax.train.param_shardings`).
+      resume: continue from the newest checkpoint in ``out_dir`` (its
+        parameters, optimiser state, step and key): the run then ends with the
+        parameters it would have had without the stop. Without a checkpoint
+        the run starts from ``model``.
 
     Returns:
       :class:`LMTrainResult`.
@@ -305,24 +366,52 @@ def train_lm(
     Raises:
       NonFiniteError: a non-finite loss, gradient or parameter (the message
         names the step and the leaf).
-      ValueError: a stream shorter than one window.
+      ValueError: a stream shorter than one window; a batch the mesh cannot
+        split; ``resume`` without ``out_dir``; a checkpoint of another model
+        or schedule (the message names what differs).
     """
     keys.check_key(key)
     length = model.config.context + 1  # type: ignore[attr-defined]
     for name, given in (("train", train), ("validation", validation)):
         if np.asarray(given).size < length + 1:
             raise ValueError(f"train_lm: the {name} stream has {np.asarray(given).size} bytes; expected > {length}.")
+    if resume and out_dir is None:
+        raise ValueError("train_lm: resume=True needs the out_dir whose checkpoints/ it continues from; got None.")
     optimizer, schedule = make_optimizer(settings)
     graphdef, params, rest = nnx.split(nnx.clone(model), nnx.Param, ...)  # type: ignore[misc]
     opt_state = optimizer.init(params)
-    stream: jax.Array = jnp.asarray(np.asarray(train, np.uint8))
-    high = stream.size - length
+    stream: jax.Array
+    batch_constraint: Callable[[jax.Array], jax.Array] = lambda batch: batch  # noqa: E731
+    if mesh is None:
+        stream = jnp.asarray(np.asarray(train, np.uint8))
+        shardings = None
+    else:
+        from stejax.train._parallel import DATA_AXIS, _data_size, param_shardings, place
 
-    @jax.jit
-    def step(params: Any, opt_state: Any, batch_key: jax.Array) -> tuple[Any, Any, jax.Array, jax.Array]:
+        n = _data_size(mesh, "train_lm")
+        if settings.batch_size % n:
+            raise ValueError(
+                f"train_lm: the batch of {settings.batch_size} windows does not split evenly over the {n} devices "
+                f"of the mesh's {DATA_AXIS!r} axis; use a batch size that is a multiple of {n}."
+            )
+        replicated = NamedSharding(mesh, PartitionSpec())
+        shardings = (
+            param_shardings(params, mesh, param_sharding),
+            param_shardings(opt_state, mesh, param_sharding),
+        )
+        params = place(params, shardings[0])
+        opt_state = place(opt_state, shardings[1])
+        rest = place(rest, replicated)
+        stream = place(np.asarray(train, np.uint8), replicated)
+        batch_sharding = NamedSharding(mesh, PartitionSpec(DATA_AXIS, None))
+        batch_constraint = lambda batch: jax.lax.with_sharding_constraint(batch, batch_sharding)  # noqa: E731
+    high = stream.size - length
+    dtype = settings.compute_dtype
+
+    def step_fn(params: Any, opt_state: Any, batch_key: jax.Array) -> tuple[Any, Any, jax.Array, jax.Array]:
         starts = jax.random.randint(batch_key, (settings.batch_size,), 0, high)
-        batch = _windows(stream, starts, length)
-        loss, grads = jax.value_and_grad(_loss, argnums=1)(graphdef, params, rest, batch)
+        batch = batch_constraint(_windows(stream, starts, length))
+        loss, grads = jax.value_and_grad(_loss, argnums=1)(graphdef, params, rest, batch, dtype)
         updates, opt_state = optimizer.update(grads, opt_state, params)
         finite = (
             jnp.isfinite(loss)
@@ -331,27 +420,50 @@ def train_lm(
         )
         return optax.apply_updates(params, updates), opt_state, loss, finite
 
-    metrics_file = None
+    if shardings is None:
+        step = jax.jit(step_fn)
+    else:
+        scalar = NamedSharding(mesh, PartitionSpec())  # type: ignore[arg-type]
+        step = jax.jit(step_fn, out_shardings=(shardings[0], shardings[1], scalar, scalar))
+
+    checkpoints = None
+    first = 1
+    run_key = key
     if out_dir is not None:
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        metrics_file = (out / "metrics.jsonl").open("w", encoding="utf-8")
+        if settings.checkpoint_every is not None or resume:
+            checkpoints = _Checkpoints(out / "checkpoints", settings)
+        if resume:
+            assert checkpoints is not None
+            restored = checkpoints.restore(params, opt_state, key)
+            if restored is not None:
+                params, opt_state, run_key, done = restored
+                first = done + 1
+        # Evaluations after the step the run continues from are dropped: they will be made again.
+        _keep_metrics(out / "metrics.jsonl", first - 1)
+    metrics_file = None if out_dir is None else (Path(out_dir) / "metrics.jsonl").open("a", encoding="utf-8")
     history: list[dict[str, float]] = []
     step_ms: list[float] = []
     losses: list[jax.Array] = []
-    run_key = key
     start = time.perf_counter()
+    step_bytes = settings.batch_size * (length - 1)
     try:
-        for t in range(1, settings.steps + 1):
+        for t in range(first, settings.steps + 1):
             run_key, batch_key = keys.split(run_key, where=f"train_lm: run -> run, step {t} batch")
             tic = time.perf_counter()
             new_params, opt_state, loss, finite = step(params, opt_state, keys.consume(batch_key, where=f"batch {t}"))
             if not bool(finite):
-                _raise_nonfinite(t, float(loss), params, graphdef, rest, stream, batch_key, settings, length, high)
-            if t > 1:
+                _raise_nonfinite(
+                    t, float(loss), params, graphdef, rest, stream, batch_key, settings, length, high, dtype
+                )
+            if t > first:
                 step_ms.append(1000 * (time.perf_counter() - tic))
             params = new_params
             losses.append(loss)
+            if on_step is not None:
+                elapsed = time.perf_counter() - start
+                on_step({"step": t, "loss": float(loss), "bytes_per_s": (t - first + 1) * step_bytes / elapsed})
             if t % settings.eval_every == 0 or t == settings.steps:
                 current = nnx.merge(graphdef, params, rest)
                 record = {
@@ -369,13 +481,80 @@ def train_lm(
                     metrics_file.flush()
                 if on_eval is not None:
                     on_eval(record)
+                if checkpoints is not None and settings.checkpoint_every and t % settings.checkpoint_every == 0:
+                    checkpoints.save(t, params, opt_state, run_key)
     finally:
         if metrics_file is not None:
             metrics_file.close()
+        if checkpoints is not None:
+            checkpoints.close()
     trained = nnx.merge(graphdef, params, rest)
     if out_dir is not None:
         save_checkpoint(trained, Path(out_dir) / "params.safetensors")
     return LMTrainResult(model=trained, history=tuple(history), step_ms=tuple(step_ms))
+
+
+def _keep_metrics(path: Path, last_step: int) -> None:
+    """Keep the lines of ``metrics.jsonl`` up to ``last_step`` (none for a new run)."""
+    if not path.exists():
+        return
+    kept = [line for line in path.read_text("utf-8").splitlines() if line and json.loads(line)["step"] <= last_step]
+    path.write_text("".join(line + "\n" for line in kept), "utf-8")
+
+
+class _Checkpoints:
+    """The run's orbax-checkpoint manager: parameters, optimiser state, the run's key and its step.
+
+    The key is saved as its raw data (``jax.random.key_data``) with its implementation's name; the step is
+    orbax's step number. The schedule is saved beside them and checked on restore: a checkpoint continues
+    only the run it was made by.
+    """
+
+    def __init__(self, directory: Path, settings: TrainSettings):
+        import orbax.checkpoint as ocp  # type: ignore[import-untyped]
+
+        self._ocp = ocp
+        self._settings = settings.to_dict()
+        self._manager = ocp.CheckpointManager(
+            directory.resolve(),
+            options=ocp.CheckpointManagerOptions(max_to_keep=2, enable_async_checkpointing=False),
+        )
+
+    def save(self, t: int, params: Any, opt_state: Any, run_key: jax.Array) -> None:
+        ocp = self._ocp
+        state = {"params": params, "opt_state": opt_state, "key": jax.random.key_data(run_key)}
+        meta = {"settings": self._settings, "key_impl": str(jax.random.key_impl(run_key))}
+        self._manager.save(t, args=ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)))
+
+    def restore(self, params: Any, opt_state: Any, key: jax.Array) -> tuple[Any, Any, jax.Array, int] | None:
+        ocp = self._ocp
+        t = self._manager.latest_step()
+        if t is None:
+            return None
+        meta = self._manager.restore(t, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+        saved = dict(meta["settings"])
+        changed = sorted(k for k in self._settings if k != "steps" and saved.get(k) != self._settings[k])
+        if changed or saved.get("steps") != self._settings["steps"]:
+            what = changed or ["steps"]
+            raise ValueError(
+                f"train_lm: the checkpoint at step {t} in {self._manager.directory} was made with other settings "
+                f"({', '.join(f'{k}: {saved.get(k)!r}, now {self._settings[k]!r}' for k in what)}); expected the "
+                "settings of the run it continues."
+            )
+        target = {"params": params, "opt_state": opt_state, "key": jax.random.key_data(key)}
+        abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, target)
+        try:
+            state = self._manager.restore(t, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract)))["state"]
+        except (ValueError, KeyError) as e:
+            raise ValueError(
+                f"train_lm: the checkpoint at step {t} in {self._manager.directory} does not fit this model: {e}"
+            ) from e
+        run_key = jax.random.wrap_key_data(state["key"], impl=meta["key_impl"])
+        return state["params"], state["opt_state"], run_key, int(t)
+
+    def close(self) -> None:
+        self._manager.wait_until_finished()
+        self._manager.close()
 
 
 def _raise_nonfinite(
@@ -389,6 +568,7 @@ def _raise_nonfinite(
     settings,
     length,
     high,
+    dtype: str = "float32",
 ) -> None:
     """Name the first non-finite parameter, else the loss, else the first non-finite gradient leaf."""
     for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
@@ -412,7 +592,7 @@ def _raise_nonfinite(
     # Recompute the step's gradient from the same inputs (the same key: the same batch).
     with keys.checked(jax_check=False), jax.debug_key_reuse(False):
         starts = jax.random.randint(batch_key, (settings.batch_size,), 0, high)
-        grads = jax.grad(_loss, argnums=1)(graphdef, params, rest, _windows(stream, starts, length))
+        grads = jax.grad(_loss, argnums=1)(graphdef, params, rest, _windows(stream, starts, length), dtype)
     for path, leaf in jax.tree_util.tree_flatten_with_path(grads)[0]:
         if not np.isfinite(np.asarray(leaf)).all():
             name = jax.tree_util.keystr(path)

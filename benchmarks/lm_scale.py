@@ -1,0 +1,368 @@
+"""The language model at the sizes users train: float and low-bit runs from scratch on the wheel corpus.
+
+Run part by part on an accelerator (each part one training run; several parts fit in one command under a
+time limit), logging one JSON line per finished run, then merge the logs into the results file and its plot:
+
+    make corpus                                                         # .corpus/bytes, from pinned wheels
+    python benchmarks/lm_scale.py run --corpus .corpus/bytes --log lm_scale.jsonl --part 25M-float-s0
+    python benchmarks/lm_scale.py references --corpus .corpus/bytes --log lm_scale.jsonl
+    python benchmarks/lm_scale.py merge --log lm_scale.jsonl --results docs/results
+
+Every run trains :func:`stejax.lm.lm_size`'s architecture from scratch on the training split (the same
+windows for every configuration of a seed), chooses nothing on the test split, and is scored at the end on the
+first ``--test-bytes`` (2 MiB) of the test split; the references (byte n-grams, zlib, xz) are computed on the
+same scored bytes. Learning rates come from the ``sweep-*`` parts, scored on the validation split only. A run
+records its bytes trained, wall time on the device, the median step, and the weight bytes of its deployed form.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+# Training: 32 windows of 256 bytes a step; the runs see at least 50 MB (6,104 steps).
+BATCH = 32
+BYTES = 50_000_000
+TEST_BYTES = 2 << 20
+
+# Peak learning rates before a sweep: a run takes the best rate of the sweep parts of its size and configuration
+# in the log (scored on the validation split); w8a8 and w4a8, which are not swept, take float's.
+LEARNING_RATES = {"float": 1e-3, "w8a8": 1e-3, "w4a8": 1e-3, "w1.58a8": 3e-3}
+
+
+def chosen_rate(logged: dict[str, dict[str, Any]], size: str, config: str) -> tuple[float, str]:
+    """The peak rate of a grid run: the sweep's best on validation (its own configuration's, else float's)."""
+    for swept in (config, "float"):
+        rows = [r for r in logged.values() if r.get("sweep") and r["size"] == size and r["config"] == swept]
+        if rows:
+            best = min(rows, key=lambda r: r["bpb"])
+            return best["learning_rate"], f"sweep of {swept} ({len(rows)} rates, validation)"
+    return LEARNING_RATES[config], "default (no sweep logged)"
+
+
+# Bits a weight of the quantised linears takes in the deployed form (the codes; scales are counted apart).
+_CODE_BITS = {"w8a8": 8, "w4a8": 4, "w1.58a8": 2}
+
+
+def _part(name: str) -> dict[str, Any]:
+    """A part's settings from its name: ``SIZE-CONFIG[-warm]-sSEED`` or ``sweep-SIZE-CONFIG-lrRATE``."""
+    fields = name.split("-")
+    if fields[0] == "sweep":
+        _, size, config, rate = name.split("-", 3)  # the rate may hold a "-" (lr1e-3)
+        return {
+            "part": name,
+            "size": size,
+            "config": config,
+            "seed": 100,
+            "learning_rate": float(rate.removeprefix("lr")),
+            "bytes": BYTES // 4,
+            "warm": False,
+            "sweep": True,
+        }
+    size, config, *rest = fields
+    warm = rest[:1] == ["warm"]
+    seed = int(rest[-1].removeprefix("s"))
+    return {
+        "part": name,
+        "size": size,
+        "config": config,
+        "seed": seed,
+        "learning_rate": LEARNING_RATES[config],
+        "bytes": BYTES,
+        "warm": warm,
+        "sweep": False,
+    }
+
+
+def _recipe(config: str) -> dict[str, Any]:
+    # Ternary: BitNet b1.58's two stages, no weight decay from the midpoint on.
+    return {"two_stage": True, "stage_two_weight_decay": 0.0} if config == "w1.58a8" else {}
+
+
+def deployed_bytes(model_config: Any, config: str, dtype_bytes: int = 2) -> int:
+    """Weight bytes of the deployed form: the quantised linears' codes and scales, the rest in ``dtype_bytes``.
+
+    Scales: int8 one float32 per output channel; int4 one float16 per group of 32; ternary one float32 per
+    tensor. The embedding, the head and the norms stay in bfloat16 (``dtype_bytes=2``) or float32 (4).
+    """
+    from stejax.lm import parameter_count
+
+    d, h, depth = model_config.width, model_config.hidden, model_config.depth
+    linears = [(d, d)] * 4 + [(d, h), (d, h), (h, d)]  # (inputs, outputs): q, k, v, o, gate, up, down
+    linear_weights = depth * sum(i * o for i, o in linears)
+    rest = parameter_count(model_config) - linear_weights
+    if config == "float":
+        return parameter_count(model_config) * dtype_bytes
+    codes = linear_weights * _CODE_BITS[config] // 8
+    if config == "w8a8":
+        scales = depth * sum(4 * o for _, o in linears)
+    elif config == "w4a8":
+        scales = depth * sum(2 * o * (i // 32) for i, o in linears)
+    else:
+        scales = depth * 4 * len(linears)
+    return codes + scales + rest * dtype_bytes
+
+
+def _train_one(part: dict[str, Any], corpus: Any, product: str, precision: str) -> dict[str, Any]:
+    import jax
+    import numpy as np
+    from flax import nnx
+
+    from stejax import keys
+    from stejax.lm import (
+        TrainSettings,
+        Transformer,
+        bits_per_byte,
+        lm_quant,
+        lm_size,
+        parameter_count,
+        quantize_lm,
+        train_lm,
+    )
+
+    model_config = lm_size(part["size"])
+    step_bytes = BATCH * model_config.context
+    steps = math.ceil(part["bytes"] / step_bytes)
+    k_init, k_train = keys.split(jax.random.key(part["seed"]), where="lm_scale")
+    init_seed = int(jax.random.randint(keys.consume(k_init, where="init"), (), 0, 2**31 - 1))
+    model: nnx.Module = Transformer(model_config, rngs=nnx.Rngs(params=init_seed))
+
+    def settings(config: str, n: int, rate: float) -> Any:
+        return TrainSettings(
+            steps=n,
+            batch_size=BATCH,
+            learning_rate=rate,
+            warmup=max(1, n // 20),
+            eval_every=max(1, n // 10),
+            eval_windows=256,
+            compute_dtype=precision,
+            **_recipe(config),
+        )
+
+    def quantised(model: Any, config: str) -> Any:
+        cfg = lm_quant(config)
+        if product != "fake-quant" and config in ("w8a8", "w1.58a8"):
+            cfg = cfg.with_product(product)
+        return quantize_lm(model, cfg)
+
+    train, validation = corpus.data["train"], corpus.data["validation"]
+    history: list[dict[str, float]] = []
+    step_ms: list[float] = []
+    tic = time.perf_counter()
+    if part["warm"]:
+        # A float warm-up for the first 20% of the bytes, then the quantised run on the rest.
+        first = steps // 5
+        k_float, k_quant = keys.split(k_train, where="warm start")
+        result = train_lm(model, train, validation, settings("float", first, part["float_rate"]), key=k_float)
+        history += [dict(r, stage="float") for r in result.history]
+        step_ms += list(result.step_ms)
+        model = quantised(result.model, part["config"])
+        result = train_lm(
+            model, train, validation, settings(part["config"], steps - first, part["learning_rate"]), key=k_quant
+        )
+    else:
+        if part["config"] != "float":
+            model = quantised(model, part["config"])
+        result = train_lm(model, train, validation, settings(part["config"], steps, part["learning_rate"]), key=k_train)
+    history += list(result.history)
+    step_ms += list(result.step_ms)
+    seconds = time.perf_counter() - tic
+    scored = np.asarray(corpus.data["test" if not part["sweep"] else "validation"][:TEST_BYTES])
+    return {
+        **part,
+        "params": parameter_count(model_config),
+        "model": model_config.to_dict(),
+        "product": product if part["config"] in ("w8a8", "w1.58a8") else "fake-quant",
+        "precision": precision,
+        "steps": steps,
+        "batch": BATCH,
+        "train_bytes": steps * step_bytes,
+        "train_seconds": seconds,
+        "step_ms_median": float(np.median(step_ms)) if step_ms else float("nan"),
+        "val_bpb": history[-1]["val_bpb"],
+        "score_split": "validation" if part["sweep"] else "test",
+        "scored_bytes": int(scored.size),
+        "bpb": bits_per_byte(result.model, scored, batch_size=64),
+        "deployed_bytes": deployed_bytes(model_config, part["config"]),
+        "deployed_bytes_float32": deployed_bytes(model_config, part["config"], 4)
+        if part["config"] == "float"
+        else None,
+        "history": history,
+        "device": str(jax.devices()[0].device_kind),
+        "corpus_sha256": dict(corpus.sha256),
+    }
+
+
+def run(args: argparse.Namespace) -> None:
+    from stejax.lm import build_corpus
+
+    corpus = build_corpus(args.corpus)
+    done = _logged(args.log)
+    for name in args.part:
+        if name in done:
+            print(f"{name}: in {args.log} already", flush=True)
+            continue
+        part = _part(name)
+        if not part["sweep"]:
+            part["learning_rate"], part["rate_from"] = chosen_rate(_logged(args.log), part["size"], part["config"])
+            part["float_rate"] = chosen_rate(_logged(args.log), part["size"], "float")[0]
+        record = _train_one(part, corpus, args.product, args.precision)
+        with open(args.log, "a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
+        print(
+            f"{name}: {record['bpb']:.4f} bpb on {record['scored_bytes']} {record['score_split']} bytes, "
+            f"{record['train_seconds']:.0f} s, step {record['step_ms_median']:.1f} ms",
+            flush=True,
+        )
+
+
+def references(args: argparse.Namespace) -> None:
+    import numpy as np
+
+    from stejax.lm import build_corpus
+    from stejax.lm import references as compute
+
+    corpus = build_corpus(args.corpus)
+    train = np.asarray(corpus.data["train"])
+    scored = np.asarray(corpus.data["test"][:TEST_BYTES])
+    tic = time.perf_counter()
+    out = compute(train, np.asarray(corpus.data["validation"]), scored, orders=(2, 3, 4, 5), context_bytes=8 << 20)
+    record = {
+        "part": "references",
+        "references": out,
+        "scored_bytes": int(scored.size),
+        "seconds": time.perf_counter() - tic,
+        "corpus_sha256": dict(corpus.sha256),
+    }
+    with open(args.log, "a", encoding="utf-8") as f:
+        f.write(json.dumps(record) + "\n")
+    print(json.dumps({k: v["bpb"] for k, v in out.items()}), flush=True)
+
+
+def _logged(paths: str | list[str]) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for path in [paths] if isinstance(paths, str) else paths:
+        if Path(path).exists():
+            for line in Path(path).read_text("utf-8").splitlines():
+                if line.strip():
+                    record = json.loads(line)
+                    out[record["part"]] = record
+    return out
+
+
+def merge(args: argparse.Namespace) -> None:
+    import statistics
+
+    from stejax.bench.results import Figure, Recorder
+
+    logged = _logged(args.log)
+    refs = logged.pop("references", None)
+    if refs is None:
+        sys.exit("merge: the logs hold no references part; run `lm_scale.py references` first.")
+    shas = {json.dumps(r["corpus_sha256"], sort_keys=True) for r in [*logged.values(), refs]}
+    if len(shas) != 1:
+        sys.exit(f"merge: the logged runs read {len(shas)} different corpora (split sha256s); expected one.")
+    xz = refs["references"]["xz"]["bpb"]
+    runs = [r for r in logged.values() if not r["sweep"]]
+    floats: dict[str, list[float]] = {}
+    for r in runs:
+        if r["config"] == "float":
+            floats.setdefault(r["size"], []).append(r["bpb"])
+    rows = []
+    for r in sorted(logged.values(), key=lambda r: (r["sweep"], r["size"], r["config"], r["warm"], r["seed"])):
+        base = statistics.mean(floats[r["size"]]) if r["size"] in floats and not r["sweep"] else None
+        rows.append(
+            {
+                "part": r["part"],
+                "size": r["size"],
+                "config": r["config"] + (" (float warm-up)" if r["warm"] else ""),
+                "seed": r["seed"],
+                "learning_rate": r["learning_rate"],
+                "split": r["score_split"],
+                "bpb": r["bpb"],
+                "gap": None if base is None else r["bpb"] / base - 1,
+                "vs_xz": r["bpb"] / xz,
+                "train_mb": r["train_bytes"] / 1e6,
+                "minutes": r["train_seconds"] / 60,
+                "step_ms": r["step_ms_median"],
+                "deployed_mb": r["deployed_bytes"] / 1e6,
+                "product": r["product"],
+                "precision": r["precision"],
+                "device": r["device"],
+            }
+        )
+    figures: dict[str, Figure] = {}
+    for size, values in floats.items():
+        mean = statistics.mean(values)
+        figures[f"float_{size}_bpb"] = Figure(mean, f"{mean:.3f}", note=f"{len(values)} seed(s)")
+        figures[f"float_{size}_vs_xz"] = Figure(
+            mean / xz, f"{mean / xz:.2f}× xz", target="≤ 0.70× xz", met=mean / xz <= 0.70
+        )
+    targets = {("25M", "w1.58a8"): 0.025, ("100M", "w1.58a8"): 0.02, ("25M", "w8a8"): 0.005, ("25M", "w4a8"): 0.015}
+    for (size, config), bound in targets.items():
+        values = [r["bpb"] for r in runs if r["size"] == size and r["config"] == config and not r["warm"]]
+        if values and size in floats:
+            gap = statistics.mean(values) / statistics.mean(floats[size]) - 1
+            figures[f"{config}_{size}_gap"] = Figure(
+                gap,
+                f"{100 * gap:+.2f}%",
+                target=f"≤ +{100 * bound:g}%",
+                met=gap <= bound,
+                note=f"{len(values)} seed(s)",
+            )
+    for name, ref in refs["references"].items():
+        figures[f"ref_{name}"] = Figure(ref["bpb"], f"{ref['bpb']:.3f}")
+    recorder = Recorder("lm_scale", command="python benchmarks/lm_scale.py run|references|merge (see its docstring)")
+    Path(args.results).mkdir(parents=True, exist_ok=True)
+    recorder.write(
+        Path(args.results) / "lm_scale.json",
+        rows=rows,
+        columns=[
+            ("size", "size"),
+            ("config", "configuration"),
+            ("seed", "seed"),
+            ("learning_rate", "peak rate", "{:g}"),
+            ("split", "scored on"),
+            ("bpb", "bits per byte", "{:.4f}"),
+            ("gap", "vs float", "{:+.2%}"),
+            ("vs_xz", "vs xz", "{:.2f}×"),
+            ("train_mb", "MB trained", "{:.1f}"),
+            ("minutes", "minutes", "{:.1f}"),
+            ("step_ms", "step ms", "{:.1f}"),
+            ("deployed_mb", "weights MB", "{:.1f}"),
+        ],
+        figures=figures,
+        notes=(
+            f"Scored on the first {refs['scored_bytes']:,} bytes of the test split (sweep rows: of the validation "
+            "split); references on the same bytes. Gaps are against the mean of the same size's float seeds."
+        ),
+    )
+    print(f"wrote {Path(args.results) / 'lm_scale.json'} ({len(rows)} rows)")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    p_run = sub.add_parser("run", help="train and score parts, one JSON line each")
+    p_run.add_argument("--corpus", required=True, help="a corpus folder (make corpus) or a directory of text")
+    p_run.add_argument("--log", required=True)
+    p_run.add_argument("--part", action="append", required=True)
+    p_run.add_argument("--product", default="int8", choices=("fake-quant", "int8-forward", "int8"))
+    p_run.add_argument("--precision", default="bfloat16", choices=("float32", "bfloat16"))
+    p_ref = sub.add_parser("references", help="n-gram and compressor references on the scored bytes")
+    p_ref.add_argument("--corpus", required=True)
+    p_ref.add_argument("--log", required=True)
+    p_merge = sub.add_parser("merge", help="write RESULTS/lm_scale.json from the logs")
+    p_merge.add_argument("--log", action="append", required=True)
+    p_merge.add_argument("--results", required=True)
+    args = parser.parse_args(argv)
+    {"run": run, "references": references, "merge": merge}[args.command](args)
+
+
+if __name__ == "__main__":
+    main()
