@@ -1,5 +1,5 @@
-"""GGUF export and llama.cpp: llama.cpp's input blocks, the reader round trip, logits and greedy parity, refusals,
-atomic writes, the CLI."""
+"""GGUF export and llama.cpp: llama.cpp's input blocks, the reader round trip, logits and greedy parity (llama and,
+for SubLN models, bitnet), refusals, atomic writes, the CLI."""
 
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ from stejax.lm import (
     generate,
     gguf_name,
     gguf_types,
+    llama_differences,
     llamacpp_greedy,
     llamacpp_logits,
     load_llama,
@@ -34,7 +35,7 @@ from stejax.lm import (
     train_lm,
 )
 from stejax.lm._export import _flat_params, export_lm, load_lm_artifact
-from stejax.lm._gguf import _from_artifact
+from stejax.lm._gguf import _from_artifact, gguf_architecture, gguf_differences, llamacpp_input_blocks, neox_rows
 from stejax.lm._llamacpp import _refuse_amx_build
 
 pytestmark = pytest.mark.xdist_group("lm_gguf")
@@ -282,15 +283,19 @@ def test_greedy_decoding_agrees_on_the_first_32_bytes_of_every_prompt_or_up_to_a
     """Byte for byte for at least 32 bytes after every prompt; an earlier first difference only at a near-tie:
     on the common prefix, stejax's two best bytes are within NEAR_TIE logits and llama.cpp takes the second."""
     artifact, result = exported[name]
+    _assert_greedy_agrees(artifact, result.path, name, MODEL.context, tokens=128)
+
+
+def _assert_greedy_agrees(artifact, path, name: str, context: int, *, tokens: int) -> None:
     model = load_lm_artifact(artifact).model
-    llm = load_llama(result.path, threads=THREADS, context=MODEL.context, logits_all=True)
+    llm = load_llama(path, threads=THREADS, context=context, logits_all=True)
     tie = NEAR_TIE["float" if name == "float" else "quantised"]
     agreed = []
     for prompt in PROMPTS:
-        ours = generate(model, prompt, tokens=128, key=jax.random.key(0), temperature=0).tokens
-        theirs = llamacpp_greedy(llm, prompt, tokens=128).tokens
-        assert len(theirs) == 128
-        first = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), 128)
+        ours = generate(model, prompt, tokens=tokens, key=jax.random.key(0), temperature=0).tokens
+        theirs = llamacpp_greedy(llm, prompt, tokens=tokens).tokens
+        assert len(theirs) == tokens
+        first = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), tokens)
         agreed.append(first)
         if first < GREEDY_BYTES:
             prefix = np.frombuffer(prompt + bytes(ours[:first]), np.uint8)
@@ -341,13 +346,195 @@ def test_ternary_rows_of_256_become_tq2_0_or_tq1_0(tmp_path):
     assert gguf_types(wide, "w8a8")["blk.0.ffn_down.weight"] == ("Q8_0", (512, 256))
 
 
+# ----------------------------------------------------------------------------------------------- SubLN as bitnet
+
+# BitNet's SubLN layout with a tied head: llama.cpp's bitnet. At width 64 ternary rows take Q4_0 (inputs per
+# block of 32); at width 256 and hidden 512, TQ2_0 (inputs per block of 256).
+SUBLN = LMConfig(context=64, width=64, depth=2, heads=2, hidden=160, norms="subln", tied=True)
+SUBLN_WIDE = SUBLN.replace(width=256, depth=1, hidden=512)
+
+
+def _subln_config(arch: LMConfig, name: str) -> LMQuant:
+    """The configuration trained with the input block llama.cpp uses for the model's ternary type."""
+    if name == "float":
+        return CONFIGS[name]
+    (block,) = llamacpp_input_blocks(arch, name)
+    return CONFIGS[name].with_input_block(block)
+
+
+@pytest.fixture(scope="module")
+def subln_exported(tmp_path_factory, corpus):
+    """SubLN models with tied heads: float trained briefly, w1.58a8 fine-tuned from it with llama.cpp's input
+    block, at both widths; artifacts and their GGUF files (bitnet)."""
+    root = tmp_path_factory.mktemp("bitnet")
+    train, val = corpus.data["train"], corpus.data["validation"]
+    out = {}
+    for arch, steps in ((SUBLN, 150), (SUBLN_WIDE, 60)):
+        settings = TrainSettings(
+            steps=steps, batch_size=16, learning_rate=1e-2, warmup=15, eval_every=steps, eval_windows=4
+        )
+        float_model = train_lm(
+            Transformer(arch, rngs=nnx.Rngs(params=0)), train, val, settings, key=jax.random.key(0)
+        ).model
+        for name in ("float", "w1.58a8"):
+            model, config = float_model, _subln_config(arch, name)
+            if name != "float":
+                finetune = TrainSettings(
+                    steps=30, batch_size=16, learning_rate=3e-3, warmup=3, eval_every=30, eval_windows=4
+                )
+                model = train_lm(quantize_lm(model, config), train, val, finetune, key=jax.random.key(1)).model
+            key = f"{name}@{arch.width}"
+            export_lm(model, config, root / key)
+            out[key] = (root / key, export_gguf(root / key, root / f"{key}.gguf"))
+    return out
+
+
+SUBLN_CASES = ("float@64", "w1.58a8@64", "float@256", "w1.58a8@256")
+
+
+def test_subln_models_export_as_llamacpps_bitnet(subln_exported):
+    from gguf import GGUFReader
+
+    expected = {
+        "float@64": {"F32"},
+        "w1.58a8@64": {"F32", "Q4_0"},
+        "float@256": {"F32"},
+        "w1.58a8@256": {"F32", "TQ2_0"},
+    }
+    for case in SUBLN_CASES:
+        _, result = subln_exported[case]
+        fields = GGUFReader(result.path).fields
+        assert bytes(fields["general.architecture"].parts[-1]).decode() == "bitnet" == result.architecture
+        assert float(fields["bitnet.attention.layer_norm_rms_epsilon"].parts[-1][0]) == pytest.approx(1e-6)
+        assert set(result.types.values()) == expected[case], case
+        assert result.input_differences == (), case  # llama.cpp quantises every input as the model was trained
+    types = gguf_types(SUBLN, "w1.58a8")
+    assert types["blk.1.attn_sub_norm.weight"] == ("F32", (64,)) and types["blk.1.ffn_sub_norm.weight"] == (
+        "F32",
+        (160,),
+    )
+    assert "output.weight" not in types  # bitnet's head is token_embd
+    assert list(types)[:12] == [
+        "token_embd.weight",
+        "blk.0.attn_norm.weight",
+        "blk.0.attn_q.weight",
+        "blk.0.attn_k.weight",
+        "blk.0.attn_v.weight",
+        "blk.0.attn_sub_norm.weight",
+        "blk.0.attn_output.weight",
+        "blk.0.ffn_norm.weight",
+        "blk.0.ffn_gate.weight",
+        "blk.0.ffn_up.weight",
+        "blk.0.ffn_sub_norm.weight",
+        "blk.0.ffn_down.weight",
+    ]
+    assert gguf_architecture(SUBLN) == "bitnet" and gguf_architecture(TRAIN) == "llama"
+    assert "SubLN norm placement (norms='subln')" in llama_differences(SUBLN)[-1]  # still not llama's computation
+    assert gguf_types(TRAIN, "float")["output.weight"] == ("F32", (64, 256))  # llama's files are as they were
+
+
+@pytest.mark.parametrize("case", SUBLN_CASES)
+def test_bitnet_reader_round_trip_is_stejax_weights_with_q_and_k_in_neox_order(subln_exported, case):
+    artifact, result = subln_exported[case]
+    read = read_gguf(result.path)
+    params = _flat_params(load_lm_artifact(artifact).float_model)
+    assert set(read) == {gguf_name(n) for n in params}
+    arch = SUBLN if case.endswith("@64") else SUBLN_WIDE
+    order = neox_rows(arch.width, arch.heads)
+    for stejax_name, value in params.items():
+        expected = value.T if stejax_name.endswith("kernel") else value
+        if stejax_name.endswith(("attn/q/kernel", "attn/k/kernel")):
+            expected = expected[order]
+        if case.startswith("float") or not stejax_name.startswith("blocks/") or "norm" in stejax_name:
+            assert np.array_equal(read[gguf_name(stejax_name)], expected), stejax_name
+        else:  # the ternary codes exactly, gamma rounded to float16
+            np.testing.assert_allclose(read[gguf_name(stejax_name)], expected, rtol=2.0**-11, atol=0)
+
+
+@pytest.mark.parametrize("case", SUBLN_CASES)
+def test_bitnet_logits_agree_with_the_subln_forward(subln_exported, windows, case):
+    """The existing llama bounds: top-1 at least 99% of the time, bits per byte within 1%, and float logits
+    within 2e-3 of their largest magnitude (measured: about 1e-6 of it)."""
+    artifact, result = subln_exported[case]
+    model = load_lm_artifact(artifact).model
+    ours = np.asarray(model(jnp.asarray(windows[:, :-1])))
+    llm = load_llama(result.path, threads=THREADS, context=WINDOW, logits_all=True)
+    theirs = np.stack([llamacpp_logits(llm, bytes(w[:-1])) for w in windows])
+    llm.close()
+    agree = float((ours.argmax(-1) == theirs.argmax(-1)).mean())
+    bpb_ours, bpb_theirs = _bits(ours, windows[:, 1:]), _bits(theirs, windows[:, 1:])
+    assert abs(bpb_theirs - bpb_ours) / bpb_ours <= BPB_RELATIVE, (case, bpb_ours, bpb_theirs)
+    assert agree >= TOP1_AGREEMENT, (case, agree)
+    if case.startswith("float"):
+        np.testing.assert_allclose(theirs, ours, atol=2e-3 * np.abs(ours).max())
+
+
+@pytest.mark.parametrize("case", ["float@64", "w1.58a8@64"])
+def test_bitnet_greedy_decoding_agrees_as_llamas_does(subln_exported, case):
+    """llama.cpp's key-value cache, one byte a step: the llama bound (32 bytes, or a near-tie), all 32 of the
+    64-byte context that an 8-byte prompt leaves room for."""
+    artifact, result = subln_exported[case]
+    _assert_greedy_agrees(artifact, result.path, case.split("@")[0], SUBLN.context, tokens=GREEDY_BYTES)
+
+
+@pytest.mark.parametrize(("arch", "ternary"), [(SUBLN, "Q4_0"), (SUBLN_WIDE, "TQ2_0")], ids=["Q4_0", "TQ2_0"])
+def test_bitnet_computes_the_ternary_forward_where_gamma_is_exact_in_float16(tmp_path, arch, ternary):
+    """With every kernel's gamma a power of two, float16 holds it exactly: the file's weights are stejax's, and
+    the ternary logits agree as the float ones do, but for a position where a product's input lies within
+    rounding of a code boundary (measured: 0 of 256 positions at width 64, 2 of 256 at width 256)."""
+    model = Transformer(arch, rngs=nnx.Rngs(params=2))
+    for block in model.blocks:
+        for linear in (block.attn.q, block.attn.k, block.attn.v, block.attn.o, block.mlp.gate, block.mlp.up):
+            w = linear.kernel[...]
+            linear.kernel[...] = w * (2.0**-4 / jnp.mean(jnp.abs(w)))  # gamma (the absmean) = 2**-4
+        w = block.mlp.down.kernel[...]
+        block.mlp.down.kernel[...] = w * (2.0**-5 / jnp.mean(jnp.abs(w)))
+    config = _subln_config(arch, "w1.58a8")
+    export_lm(model, config, tmp_path / "a")
+    result = export_gguf(tmp_path / "a", tmp_path / "m.gguf")
+    assert result.architecture == "bitnet" and ternary in result.types.values() and result.input_differences == ()
+    tokens = np.random.default_rng(0).integers(0, 256, (4, arch.context))
+    ours = np.asarray(load_lm_artifact(tmp_path / "a").model(jnp.asarray(tokens)))
+    llm = load_llama(result.path, threads=THREADS, context=arch.context, logits_all=True)
+    theirs = np.stack([llamacpp_logits(llm, bytes(map(int, t))) for t in tokens])
+    llm.close()
+    close = np.abs(theirs - ours).max(-1) <= 2e-3 * np.abs(ours).max()
+    assert close.mean() >= 0.98, (ternary, close.mean())
+    assert (ours.argmax(-1) == theirs.argmax(-1)).mean() >= TOP1_AGREEMENT
+
+
+@pytest.mark.parametrize(
+    ("changes", "config", "needle"),
+    [
+        (
+            {"tied": False},
+            "w1.58a8",
+            "an untied head (tied=False): llama.cpp's bitnet computes the logits with the "
+            "token embedding (token_embd) and reads no output tensor, so a SubLN model needs a tied head (tied=True)",
+        ),
+        ({"positions": "learned"}, "float", "learned positions (positions='learned')"),
+        ({"mlp": "gelu"}, "float", "a GELU MLP (mlp='gelu'): llama.cpp's bitnet MLP is SwiGLU"),
+        ({}, "w4a4", "4-bit activations (configuration 'w4a4')"),
+    ],
+)
+def test_a_subln_model_bitnet_does_not_compute_is_refused_by_name(tmp_path, changes, config, needle):
+    arch = LMConfig(context=16, width=32, depth=1, heads=2, hidden=64, norms="subln", tied=True).replace(**changes)
+    model = Transformer(arch, rngs=nnx.Rngs(params=0))
+    expected = "this model is not the computation of llama.cpp's bitnet, the architecture that runs SubLN models"
+    with pytest.raises(GGUFError, match=expected) as info:
+        export_gguf(model, tmp_path / "m.gguf", config=config)
+    assert needle in str(info.value)
+    assert gguf_differences(arch, config) and os.listdir(tmp_path) == []
+    with pytest.raises(GGUFError, match="untied head"):  # LMConfig()'s default: SubLN with its own head
+        gguf_types(LMConfig(), "float")
+
+
 # ----------------------------------------------------------------------------------------------- refusals
 
 
 @pytest.mark.parametrize(
     ("changes", "config", "needle"),
     [
-        ({"norms": "subln"}, "float", "SubLN norm placement (norms='subln')"),
         ({"positions": "learned"}, "float", "learned positions (positions='learned')"),
         ({"mlp": "gelu"}, "float", "a GELU MLP (mlp='gelu')"),
         ({"tied": True}, "float", "a tied head (tied=True)"),
@@ -479,3 +666,18 @@ def test_lm_decode_rows_time_llamacpp_on_the_suites_models(tmp_path):
     ]
     assert all(r["bytes_per_s"] > 0 and r["architecture"].startswith("norms='llama'") for r in rows)
     assert rows[1]["gguf_vs_float"] < 1
+
+
+def test_lm_decode_rows_time_a_tied_subln_model_as_it_is(tmp_path):
+    import types
+
+    from stejax.lm._llamacpp import lm_decode_rows
+
+    bench_model = types.SimpleNamespace(
+        name="tiny",
+        params=1,
+        config=LMConfig(context=48, width=32, depth=1, heads=2, hidden=64, tied=True),  # bitnet
+        artifacts={"w1.58a8": None},
+    )
+    (row,) = lm_decode_rows([bench_model], [b"def f(x):"], tokens=8, repeats=1, warmup=0, workdir=tmp_path, threads=1)
+    assert row["architecture"] == "as measured by stejax" and row["bytes_per_s"] > 0

@@ -1,10 +1,31 @@
-r"""GGUF export: a stejax language model as a llama.cpp ``llama`` model, its integer codes kept exactly.
+r"""GGUF export: a stejax language model as a llama.cpp ``llama`` or ``bitnet`` model, its integer codes kept exactly.
 
-A file written by :func:`export_gguf` is a llama with no vocabulary
-(``tokenizer.ggml.model = "none"``, ``llama.vocab_size = 256``): token ids are
-the bytes 0-255 and the logits are over those 256 values. Tensors carry llama's
-names (``token_embd``, ``blk.N.attn_q``, ..., ``output_norm``, ``output``), each
-weight ``(out, in)`` with the contraction axis along the row, as ggml stores it.
+Two llama.cpp architectures compute what a stejax model computes, chosen by its
+norm placement (:func:`gguf_architecture`):
+
+* ``norms="llama"`` (:data:`stejax.lm.LLAMA`) is llama.cpp's ``llama``: an
+  RMSNorm before attention and before the MLP, rotary positions, a SwiGLU MLP
+  and an untied head (``output``).
+* ``norms="subln"`` (BitNet's SubLN placement, with RMSNorms also before the
+  attention output and the down projection) with a tied head is llama.cpp's
+  ``bitnet`` (``src/models/bitnet.cpp``): ``blk.N.attn_sub_norm`` (width) is
+  stejax's :math:`\mathrm{N}_o`, applied to the heads' concatenated output before
+  ``attn_output``; ``blk.N.ffn_sub_norm`` (hidden width) is :math:`\mathrm{N}_d`,
+  applied to :math:`\mathrm{silu}(W_{gate} x) \odot W_{up} x` before
+  ``ffn_down``. Its logits are the final norm's output times ``token_embd``,
+  so the head is the embedding (``tied=True``); it reads no ``output`` tensor.
+  It rotates the pairs :math:`(i, i + d/2)` of a head (llama.cpp's NEOX rope
+  type) where stejax rotates :math:`(2i, 2i + 1)`, so ``attn_q`` and ``attn_k``
+  hold stejax's output channels reordered within each head, the even ones
+  then the odd ones: the attention scores are the same sums, and each row
+  keeps its codes and scale.
+
+A file written by :func:`export_gguf` has no vocabulary
+(``tokenizer.ggml.model = "none"``, ``<arch>.vocab_size = 256``): token ids are
+the bytes 0-255 and the logits are over those 256 values. Tensors carry
+llama.cpp's names (``token_embd``, ``blk.N.attn_q``, ..., ``output_norm``, and
+``output`` for a llama), each weight ``(out, in)`` with the contraction axis
+along the row, as ggml stores it.
 
 Each quantised kernel is written in the GGUF type that holds its codes exactly,
 so that the only change is each block's scale rounded to float16:
@@ -25,24 +46,25 @@ The embedding, the norms and the output head stay F32 (stejax keeps them in
 float32). The dequantised GGUF weight is ``d * code`` with ``d`` the float16
 scale; stejax's is ``code * scale`` (``code / scale`` for ternary), so the two
 agree to float16's rounding of the scale (a relative :math:`2^{-11}` at most;
-a scale outside float16's normal range is refused rather than flushed).
+a scale outside float16's normal range is refused rather than flushed). The
+bitnet graph's optional per-tensor ``.scale`` tensors are not written: the
+block scales already hold :math:`\gamma`.
 
 How llama.cpp quantises a quantised product's input (not a property of the
 file): to int8 per block of 32 values with a float16 scale (Q8_0) for Q8_0 and
-Q4_0 weights, per block of 256 with a float32 scale (Q8_K) for TQ1_0 and TQ2_0.
-A configuration trained with that block (``LMQuant.with_input_block(32)``, or
-256 for a model whose ternary tensors are all TQ1_0/TQ2_0) computes what the
-file computes, but for float16's rounding of each weight scale and the order
-of float32 sums. One trained per token (one
+Q4_0 weights, per block of 256 with a float32 scale (Q8_K) for TQ1_0 and TQ2_0,
+in both architectures. A configuration trained with that block
+(``LMQuant.with_input_block(32)``, or 256 for a model whose ternary tensors are
+all TQ1_0/TQ2_0) computes what the file computes, but for float16's rounding
+of each weight scale and the order of float32 sums. One trained per token (one
 int8 scale per row, the presets' default) or with the other block still
 exports: llama.cpp's products then approximate the model's, and
 :attr:`GGUFExport.input_differences` says which tensors differ and how.
 
-A model that llama's computation does not express is refused, by name:
-learned positions, a GELU MLP, a tied head, BitNet's SubLN norm placement
-(``LMConfig(norms="subln")``), biases, and 4-bit activations (``w4a4``: llama.cpp
-quantises inputs to 8 bits). Train with :data:`stejax.lm.LLAMA`
-(``stejax lm train`` does) to export.
+A model that neither architecture computes is refused, by name: learned
+positions, a GELU MLP, a tied head with llama's norms, an untied head with
+SubLN norms (llama.cpp's bitnet takes its head from the embedding), biases,
+and 4-bit activations (``w4a4``: llama.cpp quantises inputs to 8 bits).
 
 The file is written atomically: a hidden temporary file beside ``out``, fsynced,
 then linked into place (never overwriting); a failed export leaves nothing.
@@ -66,13 +88,17 @@ __all__ = [
     "TERNARY_TYPES",
     "GGUFError",
     "GGUFExport",
+    "bitnet_differences",
     "check_input_block",
     "export_gguf",
+    "gguf_architecture",
+    "gguf_differences",
     "gguf_name",
     "gguf_types",
     "input_differences",
     "llama_differences",
     "llamacpp_input_blocks",
+    "neox_rows",
     "read_gguf",
 ]
 
@@ -102,7 +128,7 @@ _FP16_NORMAL = (2.0**-14, 65504.0)
 
 
 class GGUFError(ValueError):
-    """A model, configuration or tensor that a GGUF llama cannot hold as stejax computes it."""
+    """A model, configuration or tensor that no GGUF file of llama.cpp's can hold as stejax computes it."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,6 +146,7 @@ class GGUFExport:
         inputs differs from the configuration's, one sentence per difference
         (empty: llama.cpp quantises every input as the model does).
       input_block: the configuration's input block (None: one scale per token, or float inputs).
+      architecture: llama.cpp's architecture of the file (``"llama"`` or ``"bitnet"``, :func:`gguf_architecture`).
     """
 
     path: Path
@@ -129,6 +156,7 @@ class GGUFExport:
     bits_per_weight: float
     input_differences: tuple[str, ...] = ()
     input_block: int | None = None
+    architecture: str = "llama"
 
 
 # ----------------------------------------------------------------------------------------------- names and checks
@@ -138,10 +166,12 @@ _BLOCK_NAMES = {
     "attn/q/kernel": "attn_q.weight",
     "attn/k/kernel": "attn_k.weight",
     "attn/v/kernel": "attn_v.weight",
+    "attn/o_norm/scale": "attn_sub_norm.weight",  # SubLN's N_o: bitnet only
     "attn/o/kernel": "attn_output.weight",
     "mlp_norm/scale": "ffn_norm.weight",
     "mlp/gate/kernel": "ffn_gate.weight",
     "mlp/up/kernel": "ffn_up.weight",
+    "mlp/down_norm/scale": "ffn_sub_norm.weight",  # SubLN's N_d: bitnet only
     "mlp/down/kernel": "ffn_down.weight",
 }
 _TOP_NAMES = {
@@ -152,21 +182,63 @@ _TOP_NAMES = {
 
 
 def gguf_name(name: str) -> str:
-    """llama's GGUF tensor name of a stejax parameter (``blocks/0/attn/q/kernel`` -> ``blk.0.attn_q.weight``).
+    """llama.cpp's GGUF tensor name of a stejax parameter (``blocks/0/attn/q/kernel`` -> ``blk.0.attn_q.weight``).
+
+    The SubLN norms ``attn/o_norm`` and ``mlp/down_norm`` are bitnet's
+    ``attn_sub_norm`` and ``ffn_sub_norm``; ``head/kernel`` is llama's ``output``.
 
     Raises:
-      GGUFError: a parameter llama has no tensor for (the message names it).
+      GGUFError: a parameter llama.cpp has no tensor for (the message names it).
 
     Example:
       >>> gguf_name("blocks/3/mlp/down/kernel")
       'blk.3.ffn_down.weight'
+      >>> gguf_name("blocks/0/attn/o_norm/scale")
+      'blk.0.attn_sub_norm.weight'
     """
     if name in _TOP_NAMES:
         return _TOP_NAMES[name]
     parts = name.split("/", 2)
     if len(parts) == 3 and parts[0] == "blocks" and parts[1].isdigit() and parts[2] in _BLOCK_NAMES:
         return f"blk.{parts[1]}.{_BLOCK_NAMES[parts[2]]}"
-    raise GGUFError(f"{name!r}: llama has no tensor for this parameter; the llama computation does not include it.")
+    raise GGUFError(
+        f"{name!r}: llama.cpp's llama and bitnet have no tensor for this parameter; their computations do not "
+        "include it."
+    )
+
+
+def gguf_architecture(model: Any) -> str:
+    """llama.cpp's architecture that a GGUF export of an :class:`~stejax.lm.LMConfig` takes.
+
+    ``"llama"`` for ``norms="llama"``; ``"bitnet"`` for ``norms="subln"``
+    (llama.cpp's BitNet b1.58 graph, whose blocks carry the two extra norms).
+    :func:`gguf_differences` says whether the model is that architecture's computation.
+
+    Example:
+      >>> from stejax.lm import LLAMA
+      >>> gguf_architecture(LLAMA), gguf_architecture(LLAMA.replace(norms="subln", tied=True))
+      ('llama', 'bitnet')
+    """
+    return "llama" if getattr(model, "norms", "subln") == "llama" else "bitnet"
+
+
+def gguf_differences(model: Any, config: Any = None) -> list[str]:
+    """How a model and a configuration differ from the computation of their llama.cpp architecture.
+
+    :func:`llama_differences` for ``norms="llama"``, :func:`bitnet_differences`
+    for ``norms="subln"`` (:func:`gguf_architecture`). Empty: the model exports
+    exactly.
+
+    Example:
+      >>> from stejax.lm import LLAMA
+      >>> gguf_differences(LLAMA.replace(norms="subln", tied=True), "w1.58a8")
+      []
+      >>> gguf_differences(LLAMA.replace(norms="subln"))[0].split(":")[0]
+      'an untied head (tied=False)'
+    """
+    if gguf_architecture(model) == "llama":
+        return llama_differences(model, config)
+    return bitnet_differences(model, config)
 
 
 def llama_differences(model: Any, config: Any = None) -> list[str]:
@@ -175,8 +247,6 @@ def llama_differences(model: Any, config: Any = None) -> list[str]:
     An empty list: the model exports exactly. ``config`` (an :class:`~stejax.lm.LMQuant`
     or its name) adds the configuration's own differences.
     """
-    from stejax.lm._configs import CONFIGS
-
     out = []
     if model.positions != "rotary":
         out.append(
@@ -192,6 +262,50 @@ def llama_differences(model: Any, config: Any = None) -> list[str]:
             "SubLN norm placement (norms='subln'): RMSNorms before the attention output and the down "
             "projection, which llama lacks (norms='llama')"
         )
+    return out + _config_differences(config)
+
+
+def bitnet_differences(model: Any, config: Any = None) -> list[str]:
+    """How a model architecture and a configuration differ from llama.cpp's ``bitnet`` computation.
+
+    llama.cpp's bitnet (``src/models/bitnet.cpp``) is BitNet b1.58's SubLN
+    block: RMSNorms before q/k/v, before the attention output (``attn_sub_norm``),
+    before gate/up and before the down projection (``ffn_sub_norm``), a SwiGLU
+    MLP, rotary positions, no biases, and logits computed with the token
+    embedding (a tied head). Empty: the model exports exactly. ``config`` (an
+    :class:`~stejax.lm.LMQuant` or its name) adds the configuration's own
+    differences, as for :func:`llama_differences`.
+    """
+    out = []
+    if getattr(model, "norms", "subln") != "subln":
+        out.append(
+            f"llama's norm placement (norms={model.norms!r}): llama.cpp's bitnet normalises the attention output "
+            "and the down projection's input as well (norms='subln')"
+        )
+    if model.positions != "rotary":
+        out.append(
+            f"learned positions (positions={model.positions!r}): llama.cpp's bitnet adds no position embedding; "
+            "it rotates queries and keys (positions='rotary')"
+        )
+    if model.mlp != "swiglu":
+        out.append(
+            f"a {model.mlp.upper()} MLP (mlp={model.mlp!r}): llama.cpp's bitnet MLP is SwiGLU, "
+            "silu(gate) * up (mlp='swiglu')"
+        )
+    if not model.tied:
+        out.append(
+            "an untied head (tied=False): llama.cpp's bitnet computes the logits with the token embedding "
+            "(token_embd) and reads no output tensor, so a SubLN model needs a tied head (tied=True); "
+            "with an untied head, train llama's norm placement (norms='llama')"
+        )
+    return out + _config_differences(config)
+
+
+def _config_differences(config: Any) -> list[str]:
+    """How a configuration's quantisation differs from what a GGUF file and llama.cpp compute (either architecture)."""
+    from stejax.lm._configs import CONFIGS
+
+    out: list[str] = []
     if config is not None:
         config = CONFIGS[config] if isinstance(config, str) else config
         if config.input_bits not in (None, 8):
@@ -244,7 +358,11 @@ def gguf_types(
     """GGUF tensor name -> (type, ggml shape) for an architecture and a configuration, before writing.
 
     The ggml shape is ``(in, out)`` for a matrix (``(width, 256)`` for the
-    embedding and the head) and ``(width,)`` for a norm.
+    embedding and the head) and ``(width,)`` for a norm (``(hidden,)`` for
+    bitnet's ``ffn_sub_norm``). The tensors are those of the model's llama.cpp
+    architecture (:func:`gguf_architecture`), in the order written: a bitnet
+    has the two sub-norms of each block and no ``output`` (its head is
+    ``token_embd``).
 
     Args:
       model: the :class:`~stejax.lm.LMConfig`.
@@ -253,8 +371,9 @@ def gguf_types(
       float_type: ``"F32"`` or ``"F16"`` for the float configuration's block kernels.
 
     Raises:
-      GGUFError: the model or configuration differs from llama's computation
-        (every difference named), or a kernel's shape fits no type.
+      GGUFError: the model or configuration differs from the computation of
+        its llama.cpp architecture (every difference named), or a kernel's shape
+        fits no type.
     """
     from stejax.lm._configs import CONFIGS
 
@@ -263,27 +382,43 @@ def gguf_types(
         raise GGUFError(f"ternary must be one of {', '.join(map(repr, TERNARY_TYPES))}; got {ternary!r}.")
     if float_type not in ("F32", "F16"):
         raise GGUFError(f"float_type must be 'F32' or 'F16'; got {float_type!r}.")
-    differences = llama_differences(model, config)
+    architecture = gguf_architecture(model)
+    differences = gguf_differences(model, config)
     if differences:
         raise GGUFError(
-            "this model is not llama's computation, so no GGUF file would compute what it computes: "
+            f"this model is not {_COMPUTATIONS[architecture]}, so no GGUF file would compute what it computes: "
             + "; ".join(differences)
             + "."
         )
     d, h = model.width, model.hidden
+    bitnet = architecture == "bitnet"
     out: dict[str, tuple[str, tuple[int, ...]]] = {"token_embd.weight": ("F32", (d, 256))}
     shapes = {"q": (d, d), "k": (d, d), "v": (d, d), "o": (d, d), "gate": (d, h), "up": (d, h), "down": (h, d)}
     for i in range(model.depth):
         out[f"blk.{i}.attn_norm.weight"] = ("F32", (d,))
         for site, shape in shapes.items():
+            if bitnet and site == "o":
+                out[f"blk.{i}.attn_sub_norm.weight"] = ("F32", (d,))
+            if bitnet and site == "gate":
+                out[f"blk.{i}.ffn_norm.weight"] = ("F32", (d,))
+            if bitnet and site == "down":
+                out[f"blk.{i}.ffn_sub_norm.weight"] = ("F32", (h,))
             part = "attn" if site in ("q", "k", "v", "o") else "mlp"
             name = f"blocks/{i}/{part}/{site}"
             gguf = gguf_name(f"{name}/kernel")
             out[gguf] = (_type_for(name, gguf, shape, config, ternary, float_type), shape)
-        out[f"blk.{i}.ffn_norm.weight"] = ("F32", (d,))
+        if not bitnet:
+            out[f"blk.{i}.ffn_norm.weight"] = ("F32", (d,))
     out["output_norm.weight"] = ("F32", (d,))
-    out["output.weight"] = ("F32", (d, 256))
+    if not bitnet:
+        out["output.weight"] = ("F32", (d, 256))
     return out
+
+
+_COMPUTATIONS = {
+    "llama": "llama's computation",
+    "bitnet": "the computation of llama.cpp's bitnet, the architecture that runs SubLN models (norms='subln')",
+}
 
 
 def input_differences(types: Mapping[str, str], config: Any) -> list[str]:
@@ -576,19 +711,45 @@ def _load_source(source: Any, config: Any) -> _Weights:
 # ----------------------------------------------------------------------------------------------- writing
 
 
+def neox_rows(width: int, heads: int) -> np.ndarray:
+    r"""The order of q's and k's output channels in a bitnet file: within each head, the even ones, then the odd.
+
+    stejax rotates the pairs :math:`(2i, 2i + 1)` of a head of width :math:`d`
+    by :math:`p\,\theta_i` (:func:`stejax.lm.rotary`); llama.cpp's bitnet
+    rotates :math:`(i, i + d/2)` by the same angle (its NEOX rope type). Row
+    ``j`` of a bitnet ``attn_q`` or ``attn_k`` is stejax's output channel
+    ``neox_rows(width, heads)[j]``: the rotation then pairs the same values, and
+    a query-key product sums the same terms in another order.
+
+    Example:
+      >>> neox_rows(8, 2).tolist()
+      [0, 2, 1, 3, 4, 6, 5, 7]
+    """
+    head = width // heads
+    within = np.concatenate([np.arange(0, head, 2), np.arange(1, head, 2)])
+    return (np.arange(heads)[:, None] * head + within[None, :]).reshape(-1)
+
+
 def _plan(weights: _Weights, ternary: str, float_type: str) -> dict[str, tuple[str, np.ndarray, Any]]:
-    """GGUF name -> (type, numpy array to write, raw ggml type or None), in llama's tensor order."""
+    """GGUF name -> (type, numpy array to write, raw ggml type or None), in the architecture's tensor order."""
     from gguf import GGMLQuantizationType
 
-    types = gguf_types(weights.model, weights.config, ternary=ternary, float_type=float_type)
+    model = weights.model
+    architecture = gguf_architecture(model)
+    types = gguf_types(model, weights.config, ternary=ternary, float_type=float_type)
     by_gguf: dict[str, tuple[str, np.ndarray, Any]] = {}
     stray = [n for n in weights.floats if n.endswith("/bias")]
     if stray:
-        raise GGUFError(f"biases ({', '.join(stray)}): llama's products here have none.")
+        raise GGUFError(f"biases ({', '.join(stray)}): llama.cpp's products here have none.")
+    # bitnet rotates (i, i + d/2): q's and k's output channels go in that order (neox_rows).
+    rotated = {f"blocks/{i}/attn/{s}" for i in range(model.depth) for s in "qk"} if architecture == "bitnet" else set()
+    order = neox_rows(model.width, model.heads)
     for name, value in weights.floats.items():
         gguf = gguf_name(name)
         kind, _ = types[gguf]
         if name.endswith("/kernel"):
+            if name.rsplit("/", 1)[0] in rotated:
+                value = value[:, order]
             value = value.T  # (in, out) -> ggml's (out, in)
         array = np.ascontiguousarray(value, np.float16 if kind == "F16" else np.float32)
         by_gguf[gguf] = (kind, array, None)
@@ -597,10 +758,13 @@ def _plan(weights: _Weights, ternary: str, float_type: str) -> dict[str, tuple[s
         kind, shape = types[gguf]
         if tuple(codes.shape) != shape:
             raise GGUFError(f"{site} ({gguf}): codes of shape {codes.shape}; the model needs {shape}.")
+        if site in rotated:  # a channel's codes and its scale (per channel or per group) move together
+            codes = codes[:, order]
+            scale = scale[..., order] if np.ndim(scale) else scale
         by_gguf[gguf] = (kind, _encode(site, gguf, kind, codes, scale, weights.config), GGMLQuantizationType[kind])
     missing = [g for g in types if g not in by_gguf]
     if missing:
-        raise GGUFError(f"{weights.source}: lacks {', '.join(missing)}, tensors of the llama model.")
+        raise GGUFError(f"{weights.source}: lacks {', '.join(missing)}, tensors of the {architecture} model.")
     return {g: by_gguf[g] for g in types}
 
 
@@ -622,7 +786,13 @@ def export_gguf(
     ternary: str = "TQ2_0",
     float_type: str = "F32",
 ) -> GGUFExport:
-    """Write a stejax LM as a GGUF ``llama`` file that llama.cpp runs.
+    """Write a stejax LM as a GGUF file that llama.cpp runs: a ``llama``, or a ``bitnet`` for SubLN norms.
+
+    The architecture follows the model's norms (:func:`gguf_architecture`):
+    ``norms="llama"`` with an untied head is written as llama.cpp's ``llama``;
+    ``norms="subln"`` with a tied head as its ``bitnet``, whose blocks hold the
+    SubLN norms (``attn_sub_norm``, ``ffn_sub_norm``) and whose head is the
+    embedding. Both take the same GGUF types and the same input blocks.
 
     Args:
       source: a run directory (``stejax lm train``'s: config.json,
@@ -645,9 +815,10 @@ def export_gguf(
       llama.cpp's logits approximate the model's rather than repeat them.
 
     Raises:
-      GGUFError: a model that differs from llama's computation (each difference
-        named), a configuration no GGUF type holds, or a kernel whose shape does
-        not fit its type (the tensor, its shape, the multiple and what would fit).
+      GGUFError: a model that differs from the computation of its llama.cpp
+        architecture (each difference named: :func:`gguf_differences`), a
+        configuration no GGUF type holds, or a kernel whose shape does not fit
+        its type (the tensor, its shape, the multiple and what would fit).
       stejax.artifacts.ArtifactError: a missing, changed or unlisted artifact file, or an edited manifest.
       FileExistsError: ``out`` exists.
     """
@@ -661,7 +832,8 @@ def export_gguf(
     model, cfg = weights.model, weights.config
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.parent / f".{target.name}.gguf-partial-{secrets.token_hex(6)}"
-    writer = GGUFWriter(tmp, "llama")
+    architecture = gguf_architecture(model)
+    writer = GGUFWriter(tmp, architecture)  # general.architecture; every model key below is under its name
     try:
         writer.add_name(f"stejax byte LM ({cfg.name})")
         writer.add_file_type(_file_type([k for k, _, _ in plan.values()]))
@@ -699,7 +871,7 @@ def export_gguf(
     n = sum(math.prod(sizes[g][1]) for g in block)
     bits = sum(BITS_PER_WEIGHT[kinds[g]] * math.prod(sizes[g][1]) for g in block) / n
     notes = tuple(input_differences(kinds, cfg))
-    return GGUFExport(target, target.stat().st_size, cfg.name, kinds, bits, notes, cfg.input_block)
+    return GGUFExport(target, target.stat().st_size, cfg.name, kinds, bits, notes, cfg.input_block, architecture)
 
 
 def _rms_eps() -> float:
@@ -712,7 +884,8 @@ def read_gguf(path: str | os.PathLike) -> dict[str, np.ndarray]:
     """Every tensor of a GGUF file dequantised by gguf-py's reader: name -> float32 array in ggml's ``(out, in)``.
 
     The round trip of :func:`export_gguf`: each block kernel equals stejax's
-    dequantised kernel (transposed) up to float16's rounding of the scale.
+    dequantised kernel (transposed) up to float16's rounding of the scale; in a
+    bitnet file, ``attn_q`` and ``attn_k`` hold its rows in :func:`neox_rows` order.
     """
     from gguf import GGUFReader
     from gguf.quants import dequantize

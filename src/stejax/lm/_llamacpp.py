@@ -1,5 +1,7 @@
 """Running a GGUF file from :func:`stejax.lm.export_gguf` in llama.cpp, through llama-cpp-python.
 
+The file is a ``llama`` or a ``bitnet`` (a SubLN model); llama.cpp reads the
+architecture from the file, so every function here runs both.
 :func:`load_llama` opens the file with the settings that keep llama.cpp's
 computation next to stejax's: float32 key and value caches (llama.cpp's default
 is float16), no flash attention, a batch as long as the context (a sequence is
@@ -237,27 +239,29 @@ def lm_decode_rows(
     """llama.cpp's rows for ``stejax bench --suite lm-decode``: each model and configuration, batch 1, greedy.
 
     ``models`` are the suite's models (``name``, ``config``, ``params``, ``artifacts``: one per configuration).
-    Each is written as GGUF with the same sizes; a model with BenchModel's SubLN norms (which llama lacks)
-    is rebuilt with ``norms="llama"`` and initialised weights of those sizes (decoding speed does not depend
-    on the weights), and its rows say so in ``architecture``. Configurations llama.cpp does not compute
+    Each is written as GGUF with the same sizes and initialised weights (decoding speed does not depend on
+    them): as it is where llama.cpp computes it (a llama, or a SubLN model with a tied head as a bitnet);
+    otherwise (BenchModel's SubLN norms with an untied head, which neither computes) rebuilt with
+    ``norms="llama"``, and its rows say so in ``architecture``. Configurations llama.cpp does not compute
     (``w4a4``) get no row. The first prompt is decoded for ``tokens`` bytes, ``warmup`` untimed rounds then
     ``repeats`` timed ones (medians).
     """
     from flax import nnx
 
-    from stejax.lm._gguf import GGUFError, export_gguf, llama_differences
+    from stejax.lm._gguf import GGUFError, export_gguf, gguf_differences
     from stejax.lm._model import Transformer
 
     root = Path(workdir)
     rows: list[dict[str, Any]] = []
     for index, bench_model in enumerate(models):
         config = bench_model.config
-        llama_config = config.replace(norms="llama")
-        architecture = "as measured by stejax" if config.norms == "llama" else "norms='llama' (no SubLN), same sizes"
-        model = Transformer(llama_config, rngs=nnx.Rngs(params=index))
+        as_is = not gguf_differences(config)
+        gguf_config = config if as_is else config.replace(norms="llama")
+        architecture = "as measured by stejax" if as_is else "norms='llama' (no SubLN), same sizes"
+        model = Transformer(gguf_config, rngs=nnx.Rngs(params=index))
         files: dict[str, Path] = {}
         for name in bench_model.artifacts:
-            if llama_differences(llama_config, name):
+            if gguf_differences(gguf_config, name):
                 continue
             try:
                 files[name] = export_gguf(model, root / f"{bench_model.name}-{name}.gguf", config=name).path
