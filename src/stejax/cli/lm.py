@@ -166,7 +166,15 @@ def lm_group() -> None:
     type=click.Choice(["llama", "subln"]),
     default="llama",
     show_default=True,
-    help="llama: llama's norm placement (exports to GGUF); subln: BitNet's RMSNorm before every linear input.",
+    help="llama: llama's norm placement (exports to GGUF as a llama); subln: BitNet's RMSNorm before every linear "
+    "input (exports as llama.cpp's bitnet when the head is tied).",
+)
+@click.option(
+    "--tied/--untied",
+    default=False,
+    show_default=True,
+    help="Whether the output head is the embedding table. llama.cpp's bitnet architecture computes its logits "
+    "with the embedding, so a SubLN model exports to GGUF only with --tied.",
 )
 @click.option(
     "--corpus",
@@ -199,6 +207,7 @@ def train_command(
     heads: int,
     hidden: int,
     norms: str,
+    tied: bool,
     corpus: Path | None,
 ) -> None:
     """Train the LM (float, or a quantised configuration) and write OUT.
@@ -236,6 +245,7 @@ def train_command(
             "heads": heads,
             "hidden": hidden,
             "norms": norms,
+            "tied": tied,
         }
         try:
             if size is None:

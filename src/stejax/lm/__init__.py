@@ -33,13 +33,17 @@ from stejax.lm._decode import decode as decode
 from stejax.lm._gguf import BITS_PER_WEIGHT as BITS_PER_WEIGHT
 from stejax.lm._gguf import GGUFError as GGUFError
 from stejax.lm._gguf import GGUFExport as GGUFExport
+from stejax.lm._gguf import bitnet_differences as bitnet_differences
 from stejax.lm._gguf import check_input_block as check_input_block
 from stejax.lm._gguf import export_gguf as export_gguf
+from stejax.lm._gguf import gguf_architecture as gguf_architecture
+from stejax.lm._gguf import gguf_differences as gguf_differences
 from stejax.lm._gguf import gguf_name as gguf_name
 from stejax.lm._gguf import gguf_types as gguf_types
 from stejax.lm._gguf import input_differences as input_differences
 from stejax.lm._gguf import llama_differences as llama_differences
 from stejax.lm._gguf import llamacpp_input_blocks as llamacpp_input_blocks
+from stejax.lm._gguf import neox_rows as neox_rows
 from stejax.lm._gguf import read_gguf as read_gguf
 from stejax.lm._llamacpp import LlamaCppGeneration as LlamaCppGeneration
 from stejax.lm._llamacpp import llamacpp_greedy as llamacpp_greedy
