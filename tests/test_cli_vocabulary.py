@@ -29,9 +29,15 @@ RENAMES = {
     ("snn train", "--steps"): "--time-steps",
     ("snn compare", "--steps"): "--time-steps",
     ("vq compare", "--variants"): "--configs",
+    ("export", "--trust-key"): "--public-key",
+    ("serve", "--trust-key"): "--public-key",
+    ("artifact sign", "--chain"): "--certificate-chain",
 }
 # Spellings that no command shows any more, whatever the command.
-RETIRED = {"--timing-repeats", "--run", "--artifact"}
+RETIRED = {"--timing-repeats", "--run", "--artifact", "--trust-key", "--chain"}
+# One thing, one spelling: a trusted public key is --public-key (as OpenSSF model signing spells it) and a
+# chain of certificates --certificate-chain, in every command that takes one.
+SPELLINGS = {"public_keys": "--public-key", "chain": "--certificate-chain", "roots": "--certificate-chain"}
 COMPARISONS = ("compare", "lm compare", "snn compare", "vq compare")
 
 
@@ -107,6 +113,20 @@ def test_no_inconsistent_spelling_is_shown(path):
             assert option.default is None or Path(str(option.default)) != Path("."), f"stejax {path} --out"
         if "--repeats" in option.opts or "--warmup" in option.opts or "--workers" in option.opts:
             assert isinstance(option.type, click.IntRange), f"stejax {path} {option.opts[0]}"
+
+
+def test_one_parameter_has_one_spelling_in_every_command():
+    # A parameter of the same name means the same thing wherever it appears; it must be spelled the same.
+    spelled: dict[str, dict[str, str]] = {}
+    for path in COMMANDS:
+        for option in _visible_options(path):
+            spelled.setdefault(str(option.name), {})[path] = max(option.opts, key=len)
+    for name, by_command in spelled.items():
+        assert len(set(by_command.values())) == 1, f"{name} is spelled differently: {by_command}"
+        if name in SPELLINGS:
+            assert set(by_command.values()) == {SPELLINGS[name]}, (name, by_command)
+    assert {"export", "serve", "artifact verify"} <= set(spelled["public_keys"])
+    assert {"artifact sign"} <= set(spelled["chain"]) and {"artifact verify"} <= set(spelled["roots"])
 
 
 @pytest.mark.parametrize("path", [p for p in COMPARISONS if p in COMMANDS])
@@ -334,3 +354,35 @@ def test_vq_compare_variants(tmp_path):
 @pytest.mark.parametrize("path", [p for p in COMPARISONS if p in COMMANDS])
 def test_every_comparison_names_its_configurations_configs(path):
     assert _option(path, "--configs").metavar == "NAME,..."
+
+
+def test_trust_key_is_public_key(tmp_path):
+    key = tmp_path / "key.pem"
+    key.write_text("not read: the command refuses first", encoding="utf-8")
+    # serve: a bad --buckets is refused after the key reached --public-key.
+    line, new = _both(
+        ["serve", str(tmp_path), "--trust-key", str(key), "--buckets", "1,x"],
+        ["serve", str(tmp_path), "--public-key", str(key), "--buckets", "1,x"],
+    )
+    assert new.exit_code == 2 and "expected comma-separated ints" in new.output
+    assert line.startswith("Deprecated: stejax serve --trust-key is now --public-key;")
+    # export: a key without --format onnx is refused, naming the new spelling.
+    run = tmp_path / "run"
+    run.mkdir()
+    line, new = _both(
+        ["export", str(run), str(tmp_path / "art"), "--trust-key", str(key)],
+        ["export", str(run), str(tmp_path / "art"), "--public-key", str(key)],
+    )
+    assert new.exit_code == 2 and "--float, --public-key and --conv go with --format onnx" in new.output
+    assert line.startswith("Deprecated: stejax export --trust-key is now --public-key;")
+
+
+def test_artifact_sign_chain_is_certificate_chain(tmp_path):
+    pem = tmp_path / "x.pem"
+    pem.write_text("not read: the command refuses first", encoding="utf-8")
+    line, new = _both(
+        ["artifact", "sign", str(tmp_path), "--key", str(pem), "--chain", str(pem)],
+        ["artifact", "sign", str(tmp_path), "--key", str(pem), "--certificate-chain", str(pem)],
+    )
+    assert new.exit_code == 2 and "--certificate-chain needs --certificate" in new.output
+    assert line.startswith("Deprecated: stejax artifact sign --chain is now --certificate-chain;")

@@ -1,4 +1,4 @@
-"""The command line of signing: stejax artifact keygen, sign, verify --public-key, trust, promote; serve --trust-key."""
+"""The command line of signing: artifact keygen, sign, verify --public-key, trust, promote; serve --public-key."""
 
 from __future__ import annotations
 
@@ -104,9 +104,9 @@ def test_trust_add_list_remove_and_promote_under_the_policy(tmp_path):
     assert unknown.exit_code == 1 and "matches none of the trusted keys" in unknown.output
 
 
-def test_serve_refuses_a_trust_key_that_is_not_a_public_key(tmp_path):
+def test_serve_refuses_a_public_key_that_is_a_private_key(tmp_path):
     private, _ = make_key(tmp_path / "keys", "ours")
     art = copy_artifact("w4a4", tmp_path / "art")
-    result = _run("serve", art, "--trust-key", private)
+    result = _run("serve", art, "--public-key", private)
     assert result.exit_code == 2
-    assert "Invalid value for --trust-key" in result.output and "that is a private key" in result.output
+    assert "Invalid value for --public-key" in result.output and "that is a private key" in result.output

@@ -121,12 +121,13 @@ def _split_dtypes(text: str | None) -> tuple[str, ...] | None:
     help="With --format onnx: the float32 network (dequantised weights, float activations), for comparison.",
 )
 @click.option(
-    "--trust-key",
-    "trust_keys",
+    "--public-key",
+    "public_keys",
     multiple=True,
     type=existing_file(),
     help="With --format onnx: a trusted PEM public key (repeatable); only an artifact it signed is exported.",
 )
+@deprecated_option("--trust-key", "public_keys", multiple=True, type=existing_file())
 @click.option(
     "--conv",
     type=click.Choice(["qlinear", "integer"]),
@@ -142,7 +143,7 @@ def export_command(
     parent: str | None,
     export_format: str,
     float_model: bool,
-    trust_keys: tuple[Path, ...],
+    public_keys: tuple[Path, ...],
     conv: str | None,
 ) -> None:
     """Export a trained QAT run to integer weights and write the artifact OUT.
@@ -164,10 +165,10 @@ def export_command(
     from stejax.export import export_run
 
     if export_format == "onnx":
-        _export_onnx(run_dir, out, float_model=float_model, trust_keys=trust_keys, conv=conv or "qlinear")
+        _export_onnx(run_dir, out, float_model=float_model, public_keys=public_keys, conv=conv or "qlinear")
         return
-    if float_model or trust_keys or conv is not None:
-        raise click.UsageError("--float, --trust-key and --conv go with --format onnx.")
+    if float_model or public_keys or conv is not None:
+        raise click.UsageError("--float, --public-key and --conv go with --format onnx.")
     if out.exists() or out.is_symlink():
         # Before minutes of export and parity: the artifact could not be written anyway.
         raise click.ClickException(f"{out} exists; artifacts are never overwritten. Nothing was exported.")
@@ -221,11 +222,11 @@ def export_command(
     )
 
 
-def _export_onnx(source: Path, out: Path, *, float_model: bool, trust_keys: tuple[Path, ...], conv: str) -> None:
+def _export_onnx(source: Path, out: Path, *, float_model: bool, public_keys: tuple[Path, ...], conv: str) -> None:
     from stejax.onnx import export_onnx, integer_op_count, optimized_ops
 
     result = _artifact_errors(
-        lambda: export_onnx(source, out, float_model=float_model, trusted_keys=trust_keys, conv=conv, time_it=True)
+        lambda: export_onnx(source, out, float_model=float_model, trusted_keys=public_keys, conv=conv, time_it=True)
     )
     ops = optimized_ops(result.path)
     console = Console()
@@ -323,14 +324,16 @@ def artifact_verify(artifact_dir: Path, public_keys: tuple[Path, ...], roots: tu
     "--certificate",
     type=existing_file(),
     default=None,
-    help="The key's signing certificate (PEM); the signature then carries it and --chain.",
+    help="The key's signing certificate (PEM); the signature then carries it and --certificate-chain.",
 )
 @click.option(
-    "--chain",
+    "--certificate-chain",
+    "chain",
     multiple=True,
     type=existing_file(),
     help="A certificate between --certificate and the root (PEM, repeatable).",
 )
+@deprecated_option("--chain", "chain", multiple=True, type=existing_file())
 @click.option(
     "--key-password-file",
     type=existing_file(),
@@ -355,7 +358,7 @@ def artifact_sign(
     from stejax.artifacts import sign_artifact
 
     if chain and certificate is None:
-        raise click.UsageError("--chain needs --certificate.")
+        raise click.UsageError("--certificate-chain needs --certificate.")
     password = key_password_file.read_bytes().rstrip(b"\r\n") if key_password_file is not None else None
     path = _artifact_errors(
         lambda: sign_artifact(

@@ -79,13 +79,14 @@ _ADMIN_TOKEN_ENV = "STEJAX_ADMIN_TOKEN"
     help=f"The admin bearer token (else ${_ADMIN_TOKEN_ENV}); without one the admin endpoints are off.",
 )
 @click.option(
-    "--trust-key",
-    "trust_keys",
+    "--public-key",
+    "public_keys",
     multiple=True,
     type=existing_file(),
     help="Serve only artifacts signed by this PEM public key (repeatable; checked at start-up and on every reload, "
     "before the gate; needs stejax[sign]).",
 )
+@deprecated_option("--trust-key", "public_keys", multiple=True, type=existing_file())
 @click.option(
     "--log-level",
     type=click.Choice(["critical", "error", "warning", "info", "debug"]),
@@ -106,7 +107,7 @@ def serve_command(
     micro_batching: bool,
     max_connections: int,
     admin_token_file: Path | None,
-    trust_keys: tuple[Path, ...],
+    public_keys: tuple[Path, ...],
     log_level: str,
 ) -> None:
     """Serve a verified artifact over HTTP: POST /v1/predict, GET /v1/model, /metrics, /healthz, /readyz, /admin/*.
@@ -162,14 +163,14 @@ def serve_command(
     source: ArtifactSource | RegistrySource
     try:
         if artifact_dir is not None:
-            source = ArtifactSource(artifact_dir, trusted_keys=trust_keys)
+            source = ArtifactSource(artifact_dir, trusted_keys=public_keys)
         else:
             from stejax.artifacts import Registry
 
             assert registry_dir is not None  # exactly one of the two, checked above
-            source = RegistrySource(Registry(registry_dir), trusted_keys=trust_keys)
-    except ValueError as error:  # a --trust-key that is not an EC public key
-        raise click.BadParameter(str(error), param_hint="--trust-key") from None
+            source = RegistrySource(Registry(registry_dir), trusted_keys=public_keys)
+    except ValueError as error:  # a --public-key that is not an EC public key
+        raise click.BadParameter(str(error), param_hint="--public-key") from None
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if port == 0:
         port = _free_port(host)
