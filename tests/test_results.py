@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import io
 import json
 import re
 import subprocess
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -12,6 +14,7 @@ import pytest
 from stejax.bench.results import (
     Figure,
     Recorder,
+    _stamped_commit,
     check_markers,
     check_results,
     is_current,
@@ -40,29 +43,116 @@ def folder(tmp_path):
     return tmp_path
 
 
-def test_a_repository_that_does_not_track_the_measured_code_is_not_its_commit(tmp_path, monkeypatch):
-    # A tree exported with `git archive` into an ignored folder of a checkout (as a device run gets it): the
-    # checkout's HEAD and its changes say nothing about the code that ran; STEJAX_COMMIT does.
-    def git(*args):
-        subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)
+def _git(cwd: Path, *args: str) -> str:
+    done = subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True)
+    return done.stdout.decode().strip()
 
-    git("init", "-q")
+
+def _write(folder: Path) -> dict:
+    return Recorder("speed", command="c").write(folder / "speed.json", rows=[{"a": 1}], columns=[("a", "a")])
+
+
+def test_a_repository_that_does_not_track_the_measured_code_is_not_its_commit(tmp_path, monkeypatch):
+    # A tree copied into an ignored folder of a checkout: the checkout's HEAD and its changes say nothing about
+    # the code that ran, and a copy carries no stamp from git archive, so the commit is unknown, with the reason.
+    _git(tmp_path, "init", "-q")
     (tmp_path / "a.txt").write_text("a")
-    git("add", "a.txt")
-    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "a")
+    _git(tmp_path, "add", "a.txt")
+    _git(tmp_path, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "a")
     (tmp_path / "a.txt").write_text("changed")
+    monkeypatch.setattr("stejax.bench.results._measured_code", lambda: tmp_path / "copied" / "code.py")
+    monkeypatch.delenv("STEJAX_COMMIT", raising=False)
+    commit = _write(tmp_path)["commit"]
+    assert commit["id"] is None and commit["uncommitted_changes"] is None
+    assert "git archive" in commit["reason"]
+
+
+def test_stejax_commit_alone_is_not_trusted(tmp_path, monkeypatch):
+    # Nothing ties a name in the environment to the code that ran: without a stamp it is recorded as unknown.
+    monkeypatch.setattr("stejax.bench.results._measured_code", lambda: tmp_path / "code.py")
     monkeypatch.setenv("STEJAX_COMMIT", "0123456789abcdef")
-    doc = Recorder("speed", command="c").write(tmp_path / "speed.json", rows=[{"a": 1}], columns=[("a", "a")])
-    assert doc["commit"] == {"id": "0123456789ab", "uncommitted_changes": False, "exported": True}
-    monkeypatch.delenv("STEJAX_COMMIT")
-    doc = Recorder("speed", command="c").write(tmp_path / "speed.json", rows=[{"a": 1}], columns=[("a", "a")])
-    assert doc["commit"] == {"id": None, "uncommitted_changes": None}
+    commit = _write(tmp_path)["commit"]
+    assert commit["id"] is None and "exported" not in commit
+    assert "STEJAX_COMMIT=0123456789abcdef" in commit["reason"] and "no commit stamp" in commit["reason"]
+    assert not is_current({**load_results(tmp_path / "speed.json")})
+
+
+def _archived_repository(tmp_path: Path) -> tuple[Path, Path, str]:
+    """A tiny repository holding this repository's stamp file and .gitattributes, and its `git archive`."""
+    repo, out = tmp_path / "repo", tmp_path / "out"
+    (repo / "pkg").mkdir(parents=True)
+    (repo / "pkg" / "__init__.py").write_text("")
+    (repo / "pkg" / "_commit.py").write_text((ROOT / "src" / "stejax" / "_commit.py").read_text("utf-8"))
+    (repo / ".gitattributes").write_text(
+        (ROOT / ".gitattributes").read_text("utf-8").replace("src/stejax/_commit.py", "pkg/_commit.py")
+    )
+    _git(repo, "init", "-q")
+    _git(repo, "add", ".")
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "c")
+    head = _git(repo, "rev-parse", "HEAD")
+    archive = subprocess.run(["git", "archive", "--format=tar", "HEAD"], cwd=repo, check=True, capture_output=True)
+    out.mkdir()
+    with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
+        tar.extractall(out, filter="data")
+    return repo, out, head
+
+
+@pytest.mark.skipif(not (ROOT / ".git").exists(), reason="needs the git checkout (an exported tree is stamped)")
+def test_this_repository_stamps_its_exported_trees():
+    attribute = _git(ROOT, "check-attr", "export-subst", "--", "src/stejax/_commit.py")
+    assert attribute.endswith("export-subst: set"), attribute
+    # In the checkout the stamp is the placeholder git archive replaces: it names no commit.
+    assert '"$Format:%H$"' in (ROOT / "src" / "stejax" / "_commit.py").read_text("utf-8")
+    assert _stamped_commit(ROOT / "src" / "stejax") is None
+
+
+def test_git_archive_stamps_the_tree_and_the_results_file_records_that_commit(tmp_path, monkeypatch):
+    repo, out, head = _archived_repository(tmp_path)
+    assert _stamped_commit(repo / "pkg") is None  # the unsubstituted placeholder: not exported
+    assert head in (out / "pkg" / "_commit.py").read_text("utf-8")
+    assert _stamped_commit(out / "pkg") == head
+    monkeypatch.setattr("stejax.bench.results._measured_code", lambda: out / "pkg" / "__init__.py")
+    monkeypatch.delenv("STEJAX_COMMIT", raising=False)
+    expected = {"id": head[:12], "uncommitted_changes": False, "exported": True}
+    assert _write(out / "results")["commit"] == expected
+    monkeypatch.setenv("STEJAX_COMMIT", head[:7].upper())  # a short id that agrees
+    assert _write(out / "results")["commit"] == expected
+    # An exported tree inside an ignored folder of a checkout: the stamp, not the checkout's HEAD.
+    (repo / ".gitignore").write_text("out/\n")
+    nested = repo / "out"
+    out.rename(nested)
+    monkeypatch.setattr("stejax.bench.results._measured_code", lambda: nested / "pkg" / "__init__.py")
+    assert _write(nested / "results")["commit"] == expected
+
+
+def test_a_stejax_commit_that_disagrees_with_the_stamp_is_refused(tmp_path, monkeypatch):
+    _, out, head = _archived_repository(tmp_path)
+    monkeypatch.setattr("stejax.bench.results._measured_code", lambda: out / "pkg" / "__init__.py")
+    monkeypatch.setenv("STEJAX_COMMIT", "0123456789ab")
+    with pytest.raises(ValueError, match=rf"STEJAX_COMMIT=0123456789ab disagrees .*{head}"):
+        _write(out / "results")
+    assert not (out / "results" / "speed.json").exists()
+
+
+def test_a_load_or_cpu_the_machine_does_not_report_is_recorded_as_not_available(tmp_path, monkeypatch):
+    monkeypatch.setattr("stejax.bench.results._measured_code", lambda: tmp_path / "code.py")
+    monkeypatch.setattr("stejax.bench._machine.load_average", lambda: None)
+    monkeypatch.setattr("stejax.bench._machine.cpu_model", lambda: "not available")
+    doc = _write(tmp_path)
+    assert doc["load"] == {"start": None, "end": None, "note": "not available"}
+    assert doc["machine"]["cpu"] == "not available"
+    # What the machine cannot report is recorded, not missing: such a file is still current.
+    current = {**doc, "commit": {"id": "abc1234def56", "uncommitted_changes": False}}
+    assert is_current(current)
+    (tmp_path / "speed.json").write_text(json.dumps(current), "utf-8")
+    line = render_markdown('{{ results_source("speed") }}', tmp_path)
+    assert "CPU model not available" in line and "load average" not in line
 
 
 def test_a_written_file_records_its_command_commit_date_machine_and_load(folder):
     doc = load_results(folder / "speed.json")
     assert doc["command"] == "python bench.py --repeats 5"
-    assert set(doc["commit"]) == {"id", "uncommitted_changes"}
+    assert {"id", "uncommitted_changes"} <= set(doc["commit"])
     assert doc["date"][:4].isdigit()
     assert doc["machine"]["cores"] >= 1 and doc["machine"]["jax"]
     assert set(doc["load"]) == {"start", "end"}
@@ -237,3 +327,69 @@ def test_a_results_file_written_beside_another_still_records_a_committed_tree(tm
     (tmp_path / "code.py").write_text("x = 2\n")
     third = Recorder("b", command="python measure.py").write(tmp_path / "results" / "b.json", **table)
     assert third["commit"]["uncommitted_changes"] is True
+
+
+@pytest.mark.parametrize(
+    ("loadavg", "expected"),
+    [
+        ("1.52 1.00 0.50 2/345 6789\n", 1.52),
+        ("0.00 0.01 0.05 1/120 42\n", 0.0),  # an idle machine: a reading of zero
+        ("0.00 0.00 0.00 0/0 0\n", None),  # no task counted, not even the reader: not a kernel's reading
+        ("garbled\n", None),
+    ],
+)
+def test_the_load_is_read_or_not_available_never_a_made_up_zero(tmp_path, monkeypatch, loadavg, expected):
+    from stejax.bench import _machine
+
+    (tmp_path / "loadavg").write_text(loadavg)
+    monkeypatch.setattr(_machine, "_LOADAVG", str(tmp_path / "loadavg"))
+    assert _machine.load_average() == expected
+    assert _machine.machine_info()["load_average_1m"] == expected
+
+
+def test_without_proc_loadavg_the_load_comes_from_getloadavg_or_is_not_available(tmp_path, monkeypatch):
+    from stejax.bench import _machine
+
+    monkeypatch.setattr(_machine, "_LOADAVG", str(tmp_path / "missing"))
+    monkeypatch.setattr(_machine.os, "getloadavg", lambda: (0.734, 0.5, 0.25))
+    assert _machine.load_average() == 0.73
+
+    def unreadable():
+        raise OSError("no load average")
+
+    monkeypatch.setattr(_machine.os, "getloadavg", unreadable)
+    assert _machine.load_average() is None
+
+
+@pytest.mark.parametrize(
+    ("cpuinfo", "processor", "lscpu", "expected"),
+    [
+        (
+            "processor\t: 0\nmodel name\t: AMD EPYC 7B12\n\nprocessor\t: 1\nmodel name\t: other\n",
+            "",
+            "",
+            "AMD EPYC 7B12",
+        ),
+        (
+            "processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 1\nmodel name\t: unknown\n",
+            "",
+            "",
+            "AuthenticAMD family 25 model 1",
+        ),
+        ("processor\t: 0\n", "unknown", "AMD EPYC 9B14", "AMD EPYC 9B14"),
+        ("processor\t: 0\n", "x86_64", "", "x86_64"),
+        (None, "unknown", "", "not available"),
+    ],
+)
+def test_the_host_cpu_is_what_the_machine_reports_or_not_available(
+    tmp_path, monkeypatch, cpuinfo, processor, lscpu, expected
+):
+    from stejax.bench import _machine
+
+    if cpuinfo is not None:
+        (tmp_path / "cpuinfo").write_text(cpuinfo)
+    monkeypatch.setattr(_machine, "_CPUINFO", str(tmp_path / "cpuinfo"))
+    monkeypatch.setattr(_machine.platform, "processor", lambda: processor)
+    monkeypatch.setattr(_machine, "_lscpu_model", lambda: lscpu)
+    assert _machine.cpu_model() == expected
+    assert _machine.machine_info()["cpu"] == expected

@@ -4,7 +4,12 @@ Every figure on a page of the documentation comes from one results file,
 ``docs/results/NAME.json``, written by a documented command through
 :class:`Recorder`. The file records the command, the commit, the date, the
 machine (CPU, cores, jax and jaxlib) and the load average at the start and the
-end of the measurement, beside the rows and the named figures. Pages render it
+end of the measurement, beside the rows and the named figures. A value the
+machine does not report is recorded as "not available" (a load as null), never
+guessed. The commit is git's HEAD where the checkout around the results file
+tracks the measured code; in a tree exported with ``git archive`` it is the
+commit the archive stamped into ``stejax/_commit.py`` (``STEJAX_COMMIT``, if
+set, must agree with it); otherwise it is unknown, with the reason. Pages render it
 when the site is built (``docs/hooks.py`` calls :func:`render_markdown`), so a
 page and its results cannot disagree:
 
@@ -64,6 +69,8 @@ FORMAT = "stejax-results/1"
 
 _REQUIRED = ("format", "name", "command", "commit", "date", "machine", "load", "columns", "rows", "figures")
 _MACHINE_REQUIRED = ("cpu", "cores", "jax", "jaxlib")
+# What a record holds where the machine does not report a value (as stejax.bench._machine.NOT_AVAILABLE).
+_NOT_AVAILABLE = "not available"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,7 +103,17 @@ class Figure:
 
 
 def _load_average() -> float | None:
-    return round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None
+    from stejax.bench._machine import load_average  # imports jax: only when a measurement is recorded
+
+    return load_average()
+
+
+def _load(start: float | None, end: float | None) -> dict[str, Any]:
+    """The load record: a reading the machine could not give is null, with a note, never 0.0."""
+    load: dict[str, Any] = {"start": start, "end": end}
+    if start is None or end is None:
+        load["note"] = _NOT_AVAILABLE
+    return load
 
 
 def _git(*args: str, cwd: Path) -> str | None:
@@ -112,6 +129,25 @@ def _measured_code() -> Path:
     return Path(__file__).resolve().parents[1] / "__init__.py"
 
 
+# The stamp as it stands in a checkout: `git archive` replaces it with the commit (see .gitattributes).
+_UNSTAMPED = "$Format:" + "%H$"
+_STAMP = re.compile(r'^COMMIT\s*=\s*"([^"]*)"', flags=re.M)
+
+
+def _stamped_commit(package: Path) -> str | None:
+    """The full commit id that ``git archive`` wrote into ``package/_commit.py``; None where it wrote none.
+
+    None for a checkout (the placeholder is unsubstituted), for a copy of a working tree, and where the file
+    is missing or holds anything but a commit id.
+    """
+    try:
+        found = _STAMP.search((package / "_commit.py").read_text("utf-8"))
+    except OSError:
+        return None
+    value = found.group(1).strip().lower() if found else ""
+    return value if re.fullmatch(r"[0-9a-f]{40}", value) else None
+
+
 def _commit(cwd: Path) -> dict[str, Any]:
     head = _git("rev-parse", "--short=12", "HEAD", cwd=cwd)
     # The repository around the results file describes the measured code only if it tracks that code: a tree
@@ -121,11 +157,7 @@ def _commit(cwd: Path) -> dict[str, Any]:
     if head is not None and _git("ls-files", "--error-unmatch", str(code), cwd=cwd) is None:
         head = None
     if head is None:
-        # STEJAX_COMMIT names the commit an exported tree was exported from, unchanged.
-        exported = os.environ.get("STEJAX_COMMIT")
-        if exported:
-            return {"id": exported[:12], "uncommitted_changes": False, "exported": True}
-        return {"id": None, "uncommitted_changes": None}
+        return _exported_commit(code.parent)
     top = _git("rev-parse", "--show-toplevel", cwd=cwd)
     status = _git("status", "--porcelain", "--untracked-files=no", cwd=cwd)
     if top is None or status is None:
@@ -136,6 +168,31 @@ def _commit(cwd: Path) -> dict[str, Any]:
     # Results files beside this one (a script that writes several) are measurements, not changes to the code.
     changed = [path for path in changed if not (path.parent == cwd.resolve() and path.suffix == ".json")]
     return {"id": head, "uncommitted_changes": bool(changed)}
+
+
+def _exported_commit(package: Path) -> dict[str, Any]:
+    """The commit of code outside a checkout: the one ``git archive`` stamped into it, or unknown, with why.
+
+    STEJAX_COMMIT, where set, must agree with the stamp (either may be the shorter). Alone it is not
+    trusted: nothing ties a name in the environment to the code that ran.
+    """
+    stamped = _stamped_commit(package)
+    claimed = os.environ.get("STEJAX_COMMIT", "").strip().lower()
+    if stamped is not None:
+        if claimed and not (stamped.startswith(claimed) or claimed.startswith(stamped)):
+            raise ValueError(
+                f"STEJAX_COMMIT={claimed} disagrees with the commit stamped into the measured tree by git archive, "
+                f"{stamped} ({package / '_commit.py'}); expected the same commit or STEJAX_COMMIT unset."
+            )
+        return {"id": stamped[:12], "uncommitted_changes": False, "exported": True}
+    if claimed:
+        reason = (
+            f"STEJAX_COMMIT={claimed} is set, but the measured tree carries no commit stamp from git archive "
+            "(not exported with git archive, or copied from a working tree), so nothing confirms it"
+        )
+    else:
+        reason = "the measured code is neither in a git checkout that tracks it nor a tree exported with git archive"
+    return {"id": None, "uncommitted_changes": None, "reason": reason}
 
 
 def _machine() -> dict[str, Any]:
@@ -212,7 +269,7 @@ class Recorder:
             "commit": dict(commit) if commit is not None else _commit(target.resolve().parent),
             "date": date if date is not None else self.started.isoformat(timespec="seconds"),
             "machine": dict(machine) if machine is not None else _machine(),
-            "load": dict(load) if load is not None else {"start": self.load_start, "end": _load_average()},
+            "load": dict(load) if load is not None else _load(self.load_start, _load_average()),
             "columns": [_column(c, self.name) for c in columns],
             "rows": [dict(r) for r in rows],
             "figures": {k: v.to_dict() for k, v in figures.items()},
@@ -307,11 +364,12 @@ def _source_line(doc: Mapping[str, Any]) -> str:
     machine = doc["machine"]
     load = doc["load"] or {}
     load_text = "–".join(f"{v:g}" for v in (load.get("start"), load.get("end")) if isinstance(v, int | float))
+    cpu = "CPU model not available" if machine["cpu"] == _NOT_AVAILABLE else machine["cpu"]
     parts = [
         f"`{doc['command']}`",
         f"commit {commit_text}",
         str(doc["date"])[:10],
-        f"{machine['cpu']}, {machine['cores']} cores, jax {machine['jax']}",
+        f"{cpu}, {machine['cores']} cores, jax {machine['jax']}",
     ]
     device = str(machine.get("device") or "")
     if device and not device.startswith("cpu"):
@@ -326,18 +384,23 @@ def _source_line(doc: Mapping[str, Any]) -> str:
 def is_current(doc: Mapping[str, Any]) -> bool:
     """Whether a results file was measured at a committed tree with the CPU model and the load recorded.
 
-    A file that is not current carries ``older``: one sentence saying what it lacks. Pages render its
-    provenance line as an older measurement, and the README marks each of its figures "older".
+    A CPU model or a load that the machine does not report at all is recorded as "not available" and counts
+    as recorded; one left out ("not recorded") does not. A file that is not current carries ``older``: one
+    sentence saying what it lacks. Pages render its provenance line as an older measurement, and the README
+    marks each of its figures "older".
     """
     commit = doc.get("commit") or {}
     machine = doc.get("machine") or {}
     load = doc.get("load") or {}
+    load_recorded = load.get("note") == _NOT_AVAILABLE or all(
+        isinstance(load.get(k), int | float) for k in ("start", "end")
+    )
     return (
         not doc.get("older")
         and bool(commit.get("id"))
         and commit.get("uncommitted_changes") is False
         and "not recorded" not in str(machine.get("cpu", "not recorded"))
-        and all(isinstance(load.get(k), int | float) for k in ("start", "end"))
+        and load_recorded
     )
 
 
