@@ -349,7 +349,7 @@ def merge(args: argparse.Namespace) -> None:
             if not values:
                 continue
             gap = statistics.mean(values) / statistics.mean(floats[size]) - 1
-            figures[f"{config}_{_slug(size)}_gap"] = Figure(
+            figures[f"{_slug(config)}_{_slug(size)}_gap"] = Figure(
                 gap,
                 f"{100 * gap:+.2f}%",
                 target=None if bound is None else f"≤ +{100 * bound:g}%",
@@ -365,7 +365,7 @@ def merge(args: argparse.Namespace) -> None:
         }
         if best["float"] is not None and best["w1.58a8"] is not None:
             gap = best["w1.58a8"] / best["float"] - 1
-            figures[f"w1.58a8_{_slug(size)}_sweep_gap"] = Figure(
+            figures[f"w1_58a8_{_slug(size)}_sweep_gap"] = Figure(
                 gap, f"{100 * gap:+.1f}%", note="best rate of each, validation split, a quarter of the bytes"
             )
     for name, ref in refs["references"].items():
@@ -378,7 +378,7 @@ def merge(args: argparse.Namespace) -> None:
             if steps:
                 ratio = statistics.median(steps) / float_ms
                 bound = 1.0 if size.startswith("25M") else 0.85
-                figures[f"{config}_{_slug(size)}_step"] = Figure(
+                figures[f"{_slug(config)}_{_slug(size)}_step"] = Figure(
                     ratio,
                     f"{ratio:.2f}×",
                     target=f"≤ {bound:.2f}×",
@@ -418,6 +418,12 @@ def merge(args: argparse.Namespace) -> None:
             "split); references on the same bytes. Gaps are against the mean of the same size's float seeds."
         ),
     )
+    if first is not None and first.get("older"):
+        # Not measured at a committed tree: the file says so, and pages mark its figures older.
+        path = Path(args.results) / "lm_scale.json"
+        doc = json.loads(path.read_text("utf-8"))
+        doc["older"] = first["older"]
+        path.write_text(json.dumps(doc, indent=1, ensure_ascii=False) + "\n", "utf-8")
     print(f"wrote {Path(args.results) / 'lm_scale.json'} ({len(rows)} rows)")
     if args.plot:
         print(f"wrote {plot(runs, refs, Path(args.plot))}")

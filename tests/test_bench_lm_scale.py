@@ -98,7 +98,7 @@ def test_merge_writes_the_gaps_against_float_and_refuses_two_corpora(tmp_path):
     args = type("A", (), {"log": [str(log)], "results": str(tmp_path / "r"), "plot": None, "conditions": None})
     grid.merge(args)
     doc = load_results(tmp_path / "r" / "lm_scale.json")
-    gap = doc["figures"]["w1.58a8_25M_gap"]
+    gap = doc["figures"]["w1_58a8_25M_gap"]
     assert gap["text"] == "+3.00%" and gap["met"] is False and gap["target"] == "≤ +2.5%"
     assert doc["figures"]["float_25M_vs_xz"]["met"] is False  # 1.00 / 1.4 = 0.71 > 0.70
 
