@@ -250,6 +250,13 @@ def run(args: argparse.Namespace) -> None:
         )
 
 
+def _machine_line() -> str:
+    from stejax.bench.results import _machine
+
+    machine = _machine()
+    return f"{machine['cpu']}, {machine['cores']} cores"
+
+
 def references(args: argparse.Namespace) -> None:
     import numpy as np
 
@@ -267,6 +274,7 @@ def references(args: argparse.Namespace) -> None:
         "scored_bytes": int(scored.size),
         "seconds": time.perf_counter() - tic,
         "corpus_sha256": dict(corpus.sha256),
+        "machine": _machine_line(),
     }
     with open(args.log, "a", encoding="utf-8") as f:
         f.write(json.dumps(record) + "\n")
@@ -415,7 +423,11 @@ def merge(args: argparse.Namespace) -> None:
         figures=figures,
         notes=(
             f"Scored on the first {refs['scored_bytes']:,} bytes of the test split (sweep rows: of the validation "
-            "split); references on the same bytes. Gaps are against the mean of the same size's float seeds."
+            "split); references on the same bytes. Gaps are against the mean of the same size's float seeds. "
+            "Every run and the references read one corpus, built where each ran from the pinned wheels, split "
+            "sha256 "
+            + ", ".join(f"{split} {sha[:12]}" for split, sha in refs["corpus_sha256"].items())
+            + f" (references computed on {refs.get('machine', 'the merging machine')})."
         ),
     )
     if first is not None and first.get("older"):
