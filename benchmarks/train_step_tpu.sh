@@ -16,7 +16,7 @@ rm -f docs/results/train_step.json
 for spec in 512:150 1024:180 2048:200; do
   w=${spec%%:*}; t=${spec##*:}
   echo "=== width $w (timeout ${t}s) $(date -u +%T)"
-  timeout "$t" python3 -m stejax bench --suite train-step --width "$w" --repeats 8 --warmup 1 --out "/tmp/bench-$w" 2>&1 | tail -22
+  timeout "$t" python3 -m stejax bench --suite train-step --width "$w" --repeats 8 --warmup 1 --out "/tmp/bench-$w" --results docs/results 2>&1 | tail -22
   echo "exit ${PIPESTATUS[0]}"
   [ -f docs/results/train_step.json ] && cp docs/results/train_step.json "$OUT/train_step.json"
   [ -f "/tmp/bench-$w/bench.json" ] && cp "/tmp/bench-$w/bench.json" "$OUT/bench-$w.json"

@@ -152,3 +152,55 @@ def test_bench_exits_1_when_an_estimators_forms_compute_different_gradients(runn
     result = runner.invoke(main, args)
     assert result.exit_code == 1, result.output
     assert "FAILED: gradients of the compared forms differ for round_ste" in result.output
+
+
+def test_bench_writes_results_files_only_into_results(runner, tmp_path, monkeypatch):
+    # A full (not --quick) train-step run, one small width and one variant: bench.json goes to --out and
+    # nothing to the working directory; the results file only into --results.
+    import stejax.bench._run as run_module
+    from stejax.bench._train_step import train_step_suite
+
+    monkeypatch.setattr(
+        run_module, "_train_step_suite", lambda **kwargs: train_step_suite(variants=("float32",), **kwargs)
+    )
+    monkeypatch.chdir(tmp_path)
+    args = ["bench", "--suite", "train-step", "--width", "32", "--repeats", "1", "--warmup", "1", "--out", "X"]
+    result = runner.invoke(main, args)
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["X"] and (tmp_path / "X" / "bench.json").exists()
+    assert not any(p.suffix == ".json" and p.name != "bench.json" for p in (tmp_path / "X").iterdir())
+    result = runner.invoke(main, [*args, "--results", "R"])
+    assert result.exit_code == 0, result.output
+    assert [p.name for p in (tmp_path / "R").iterdir()] == [f"train_step_{jax.default_backend()}.json"]
+    assert not (tmp_path / "docs").exists()
+
+
+def test_bench_hands_results_and_figures_to_the_suites_that_write_them(runner, tmp_path, monkeypatch):
+    import inspect
+
+    import stejax.bench._run as run_module
+    from stejax.bench._lm_decode import lm_decode_suite
+    from stejax.bench._onnx import onnx_suite
+    from stejax.bench._train_step import train_step_suite
+
+    for suite in (onnx_suite, lm_decode_suite, train_step_suite):  # from Python too, nothing by default
+        assert inspect.signature(suite).parameters["results_dir"].default is None, suite.__name__
+    assert inspect.signature(lm_decode_suite).parameters["image"].default is None
+    seen: dict[str, dict] = {}
+
+    def fake(name):
+        def suite(**kwargs):
+            seen[name] = kwargs
+            return {"groups": [], "rows": []}
+
+        return suite
+
+    for runner_name, name in [("_onnx_suite", "onnx"), ("_lm_decode_suite", "lm-decode"), ("_train_step_suite", "ts")]:
+        monkeypatch.setattr(run_module, runner_name, fake(name))
+    suites = ["--suite", "onnx", "--suite", "lm-decode", "--suite", "train-step", "--out", str(tmp_path / "o")]
+    assert runner.invoke(main, ["bench", *suites]).exit_code == 0
+    assert all(kwargs["results_dir"] is None for kwargs in seen.values()) and seen["lm-decode"]["image"] is None
+    extra = ["--results", str(tmp_path / "r"), "--figures", str(tmp_path / "f")]
+    assert runner.invoke(main, ["bench", *suites, *extra]).exit_code == 0
+    assert all(Path(kwargs["results_dir"]) == tmp_path / "r" for kwargs in seen.values())
+    assert Path(seen["lm-decode"]["image"]) == tmp_path / "f" / "lm_decode.png"

@@ -553,22 +553,29 @@ def lm_decode_suite(
     repeats: int,
     warmup: int,
     quick: bool,
-    results_dir: str | Path | None = "docs/results",
-    image: str | Path | None = "docs/img/lm_decode.png",
+    results_dir: str | Path | None = None,
+    image: str | Path | None = None,
     configs: Sequence[str] = CONFIGS,
     batches: Sequence[int] | None = None,
     workdir: str | Path | None = None,
 ) -> dict[str, Any]:
     """Run the suite; return its part of ``bench.json`` (``rows``, ``figures``, ``limits``).
 
-    Writes ``RESULTS_DIR/lm_decode.json`` and the plot ``image`` (not with ``quick``, nor with None).
+    Writes ``RESULTS_DIR/lm_decode.json`` when ``results_dir`` is given and draws the plot ``image`` when
+    it is given (neither with ``quick``).
     ``workdir``: a folder that keeps the exported artifacts for the next run (default: a temporary one).
     ``quick``: one tiny model, float and w1.58a8 only, 16-byte prompts, 16 new bytes (8 in the loop),
     batch 1, no ``limits`` measurement.
     """
     from stejax.bench.results import Recorder
 
-    recorder = Recorder("lm_decode", command="stejax bench --suite lm-decode --repeats 5 --warmup 1 --out bench-out")
+    recorder = Recorder(
+        "lm_decode",
+        command=(
+            "stejax bench --suite lm-decode --repeats 5 --warmup 1 --out bench-out --results docs/results "
+            "--figures docs/img"
+        ),
+    )
     if batches is None:
         batches = (1,) if quick else BATCHES
     if quick and configs == CONFIGS:
@@ -588,16 +595,17 @@ def lm_decode_suite(
 
     def write(final: bool) -> None:
         # Written after every model and batch, so that a run cut short leaves what it measured.
-        if results_dir is None or quick:  # a quick run checks the suite; it does not replace the figures
+        if quick:  # a quick run checks the suite; it does not replace the figures
             return
         public = [{k: v for k, v in r.items() if not k.startswith("_")} for r in [*rows, *more]]
-        recorder.write(
-            Path(results_dir) / "lm_decode.json",
-            rows=public,
-            columns=COLUMNS,
-            figures=figures(rows, limit),
-            notes=note if final else note + " Incomplete: the run is still measuring.",
-        )
+        if results_dir is not None:
+            recorder.write(
+                Path(results_dir) / "lm_decode.json",
+                rows=public,
+                columns=COLUMNS,
+                figures=figures(rows, limit),
+                notes=note if final else note + " Incomplete: the run is still measuring.",
+            )
         if image is not None:
             plot(public, Path(image))
 

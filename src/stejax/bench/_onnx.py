@@ -115,7 +115,7 @@ def _call(kind: str, obj: Any, x: np.ndarray) -> Any:
     return lambda: s.run(None, {kind: x})[0]
 
 
-def onnx_suite(*, repeats: int, warmup: int, quick: bool, results_dir: str | Path | None = "docs/results") -> dict:
+def onnx_suite(*, repeats: int, warmup: int, quick: bool, results_dir: str | Path | None = None) -> dict:
     """Time ONNX Runtime on the float, int8 and int4 files of three models against stejax's own forward.
 
     Models: ``mlp-1024`` (three dense layers 1024 wide, random codes; int8 and
@@ -127,13 +127,13 @@ def onnx_suite(*, repeats: int, warmup: int, quick: bool, results_dir: str | Pat
     :meth:`stejax.export.ExportedModel.compiled_apply`; for the rules model, the
     jitted fake-quantised NNX model, stejax's only forward for it). Batches 1
     and 256; each (model, batch) group is timed in interleaved rounds in one
-    process. Writes ``RESULTS_DIR/onnx.json`` (not with ``quick``, nor with ``results_dir=None``).
+    process. Writes ``RESULTS_DIR/onnx.json`` when ``results_dir`` is given (not with ``quick``).
     """
     from stejax.bench._measure import compare
     from stejax.bench.results import Figure, Recorder
     from stejax.onnx import export_nnx
 
-    recorder = Recorder("onnx", command="stejax bench --suite onnx")
+    recorder = Recorder("onnx", command="stejax bench --suite onnx --out bench-out --results docs/results")
     rng = np.random.default_rng(0)
     width = 256 if quick else 1024
     batches = (1, 256)

@@ -74,6 +74,8 @@ def run_bench(
     on_event: Callable[[Mapping[str, Any]], None] | None = None,
     plots: bool = True,
     widths: Sequence[int] | None = None,
+    results_dir: str | os.PathLike | None = None,
+    figures_dir: str | os.PathLike | None = None,
 ) -> dict[str, Any]:
     """Run benchmark suites in one process and write ``bench.json``, ``bench.md`` and ``bench.png``.
 
@@ -89,6 +91,10 @@ def run_bench(
       on_event: called with ``{"event": "suite", "suite": name}`` before each suite.
       plots: draw ``bench.png``.
       widths: the LM widths of the train-step suite (None: its defaults for the device).
+      results_dir: also write the project's results files here: ``onnx.json``, ``lm_decode.json`` and
+        ``train_step.json`` (``train_step_<backend>.json`` off a TPU), from full runs of those suites only
+        (None: none is written; the documentation's are in ``docs/results``).
+      figures_dir: also draw the lm-decode suite's plot ``lm_decode.png`` here (None: not drawn).
 
     Returns:
       The report (the content of ``bench.json``).
@@ -121,9 +127,17 @@ def run_bench(
         "train": lambda: train_suite(repeats=r, warmup=w, quick=quick),
         "inference": lambda: inference_suite(repeats=r, warmup=w, quick=quick),
         "peers": lambda: peers_suite(repeats=r, warmup=w, quick=quick),
-        "onnx": lambda: _onnx_suite(repeats=r, warmup=w, quick=quick),
-        "lm-decode": lambda: _lm_decode_suite(repeats=r, warmup=w, quick=quick),
-        "train-step": lambda: _train_step_suite(repeats=r, warmup=w, quick=quick, widths=widths),
+        "onnx": lambda: _onnx_suite(repeats=r, warmup=w, quick=quick, results_dir=results_dir),
+        "lm-decode": lambda: _lm_decode_suite(
+            repeats=r,
+            warmup=w,
+            quick=quick,
+            results_dir=results_dir,
+            image=None if figures_dir is None else Path(figures_dir) / "lm_decode.png",
+        ),
+        "train-step": lambda: _train_step_suite(
+            repeats=r, warmup=w, quick=quick, widths=widths, results_dir=results_dir
+        ),
     }
     for name in names:
         if on_event is not None:

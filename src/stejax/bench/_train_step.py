@@ -28,10 +28,11 @@ proves which products ran in integers. The steps are then timed side by side
 by :func:`stejax.bench.compare` (interleaved rounds, medians; ratios per
 round).
 
-The results file is ``docs/results/train_step.json`` on a TPU,
-``train_step_cpu.json`` on a CPU (``train_step_<backend>.json`` elsewhere). A run
-that measures some widths keeps the file's rows of the others when the file
-was measured on the same device, so each width can run in its own process.
+The results file, written with ``stejax bench --results DIR`` (the documentation's
+are in ``docs/results``), is ``train_step.json`` on a TPU, ``train_step_cpu.json``
+on a CPU (``train_step_<backend>.json`` elsewhere). A run that measures some widths
+keeps the file's rows of the others when the file was measured on the same device,
+so each width can run in its own process.
 """
 
 from __future__ import annotations
@@ -243,14 +244,14 @@ def train_step_suite(
     quick: bool,
     widths: Sequence[int] | None = None,
     variants: Sequence[str] = VARIANTS,
-    results_dir: str | Path | None = "docs/results",
+    results_dir: str | Path | None = None,
 ) -> dict[str, Any]:
     """Run the suite; return its part of ``bench.json`` (``groups``, ``rows``, ``figures``).
 
     ``widths``: default 512, 1024, 2048 on a TPU, 64 and 128 on a CPU (``quick``:
     32, with 2 blocks, 2 x 32 tokens). Qwix's variants are left out (with a note)
     when Qwix is not installed. Writes the results file (see the module's
-    docstring) unless ``quick`` or ``results_dir`` is None.
+    docstring) into ``results_dir`` when it is given (not with ``quick``).
     """
     from flax import nnx
 
@@ -271,7 +272,10 @@ def train_step_suite(
         notes.append("Qwix is not installed (pip install 'stejax[peers]'): its variants were left out.")
     batch, context = (2, 32) if quick else (TPU_SHAPE if tpu else CPU_SHAPE)
     flags = " ".join(f"--width {w}" for w in widths)
-    command = f"stejax bench --suite train-step {flags} --repeats {repeats} --warmup {warmup} --out bench-out"
+    command = (
+        f"stejax bench --suite train-step {flags} --repeats {repeats} --warmup {warmup} --out bench-out "
+        "--results docs/results"
+    )
     name = "train_step" if results_dir is None else results_path(results_dir).stem  # the file's name, per device
     recorder = Recorder(name, command=command)
     groups: list[dict[str, Any]] = []

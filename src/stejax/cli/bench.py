@@ -74,6 +74,20 @@ def _missing_extra(suite: str) -> str | None:
     "a CPU). Each variant's step (float32, bfloat16, fake-quant, int8 forward, int8 forward and backward, "
     "Qwix int8, Qwix QT) is timed side by side at that width.",
 )
+@click.option(
+    "--results",
+    type=directory(),
+    default=None,
+    help="Also write the results files of the onnx, lm-decode and train-step suites into this folder: onnx.json, "
+    "lm_decode.json, train_step.json (train_step_cpu.json on a CPU); not with --quick. The documentation's are in "
+    "docs/results.",
+)
+@click.option(
+    "--figures",
+    type=directory(),
+    default=None,
+    help="Also draw the lm-decode suite's plot lm_decode.png into this folder; not with --quick.",
+)
 def bench_command(
     suites: tuple[str, ...],
     out: Path,
@@ -82,14 +96,17 @@ def bench_command(
     quick: bool,
     estimators: tuple[str, ...],
     widths: tuple[int, ...],
+    results: Path | None,
+    figures: Path | None,
 ) -> None:
     """Time estimators, training steps, inference and peer libraries.
 
     Every call is waited for (block_until_ready) and repeated in interleaved
     rounds after warm-up and compilation; the report gives min, p50, p90, p99
     and max, compile counts, ratios of interleaved runs, the machine and the
-    versions, in OUT/bench.json, OUT/bench.md and OUT/bench.png. Exit 1 if a
-    suite fails or an estimator's forms compute different gradients.
+    versions, in OUT/bench.json, OUT/bench.md and OUT/bench.png. Nothing is
+    written outside OUT unless --results or --figures names a folder. Exit 1 if
+    a suite fails or an estimator's forms compute different gradients.
     """
     from stejax.bench import BenchSettings, run_bench
 
@@ -110,7 +127,14 @@ def bench_command(
         console.print(Text(f"running the {event['suite']} suite ..."))
 
     report = run_bench(
-        suites, out_dir=out, settings=settings, estimators=estimators or None, on_event=on_event, widths=widths or None
+        suites,
+        out_dir=out,
+        settings=settings,
+        estimators=estimators or None,
+        on_event=on_event,
+        widths=widths or None,
+        results_dir=results,
+        figures_dir=figures,
     )
     for name, suite in report["suites"].items():
         if suite["status"] != "ok":
