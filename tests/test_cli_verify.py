@@ -76,7 +76,8 @@ def test_verify_a_user_estimator(user_dir):
     assert not (user_dir / "verify-report.json").exists() and not (user_dir / "verify-report.md").exists()
     broken = _invoke("user_estimators:scaled_round", *args, "--boundary", "0.5")
     assert broken.exit_code == 1, broken.output
-    assert "tangent" in broken.output
+    # The first failing check of each dtype, on that dtype's one line.
+    assert "my_round" not in broken.output and "FAILED: tangent[float32]: " in " ".join(broken.output.split())
 
 
 def test_verify_usage_errors(user_dir):
@@ -86,8 +87,22 @@ def test_verify_usage_errors(user_dir):
     assert unknown.exit_code == 2 and "round_ste" in unknown.output
 
 
-def test_verify_prints_one_table_per_dtype(catalog_member):
+def test_verify_prints_one_line_per_dtype(catalog_member):
     result, _ = catalog_member
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    per_dtype = [line for line in lines if line.startswith("floor_ste, ")]
+    assert [line.split(":")[0] for line in per_dtype] == [
+        f"floor_ste, {where}" for where in ("float16", "bfloat16", "float32", "checks tied to no dtype")
+    ]
+    assert all(line.endswith(" passed") and " of " in line for line in per_dtype), per_dtype
+    wrote = next(i for i, line in enumerate(lines) if line.startswith("wrote "))  # a long path may wrap
+    assert wrote == len(per_dtype) + 2  # then the summary and the platform
+    assert "tangent[" not in result.output
+
+
+def test_verify_long_prints_one_table_per_dtype():
+    result = CliRunner(env={"COLUMNS": "200"}).invoke(main, ["verify", "floor_ste", "--long"])
     assert result.exit_code == 0, result.output
     for dtype in ("float16", "bfloat16", "float32"):
         assert f"floor_ste, {dtype}: " in result.output

@@ -135,6 +135,9 @@ def show(name: str, out: Path | None, param_pairs: tuple[str, ...]) -> None:
     default=None,
     help="Also write verify-report.json and verify-report.md to this folder (default: print only).",
 )
+@click.option(
+    "--long", "long_", is_flag=True, help="A table per dtype with every check and what it compared, not one line."
+)
 def verify_command(
     target: str | None,
     verify_all: bool,
@@ -142,6 +145,7 @@ def verify_command(
     derivative: str | None,
     boundaries: tuple[float, ...],
     out: Path | None,
+    long_: bool,
 ) -> None:
     """Check estimators against their declarations; exit 0 only if every check passes.
 
@@ -150,7 +154,10 @@ def verify_command(
     MODULE:FUNC [--boundary B ...]` a user's estimator, where MODULE is a module
     name or a Python file (`./mymod.py:f`). --reference, --derivative and
     --boundary are for a user's estimator only: a catalog member's come from
-    the catalog. One table per dtype; with --out, the reports too.
+    the catalog. One line per dtype: checks passed and failed, and the first
+    failure; with --long, a table per dtype with every check and its detail
+    (with --all, only the failing estimators, and with --long their failing
+    checks); with --out, the reports too.
     """
     import os
 
@@ -186,9 +193,14 @@ def verify_command(
         report = verify.check_estimator(lookup(target))
     reports = report.values() if isinstance(report, verify.CatalogReport) else (report,)
     for one in reports:
-        if not verify_all or not one.ok:
+        if verify_all and one.ok:
+            continue
+        if long_:
             for table in _check_tables(one, failures_only=verify_all):
                 console.print(table)
+        else:
+            for line in _check_lines(one):
+                console.print(line)
     console.print(report.summary())
     env = report.environment
     console.print(f"platform: {env['platform']} ({env['device_kind']}), under its contract: {_contract_line(env)}")
@@ -211,13 +223,31 @@ def _contract_line(env: Any) -> str:
     return "; ".join(parts)
 
 
+def _by_dtype(checks: Iterable[Any]) -> dict[str | None, list[Any]]:
+    groups: dict[str | None, list[Any]] = {}
+    for check in checks:
+        groups.setdefault(check.dtype, []).append(check)
+    return groups
+
+
+def _check_lines(report: Any) -> list[Text]:
+    """One line per dtype (and one for the checks tied to none): passed of all, and the first failure's detail."""
+    lines = []
+    for dtype, checks in _by_dtype(report.checks).items():
+        where = dtype if dtype is not None else "checks tied to no dtype"
+        failed = [c for c in checks if not c.passed]
+        line = Text(f"{report.subject}, {where}: {len(checks) - len(failed)} of {len(checks)} passed")
+        if failed:
+            detail = failed[0].detail if len(failed[0].detail) <= 160 else failed[0].detail[:159] + "…"
+            more = f" (and {len(failed) - 1} more failed)" if len(failed) > 1 else ""
+            line.append(f", FAILED: {failed[0].name}: {detail}{more}", style="red")
+        lines.append(line)
+    return lines
+
+
 def _check_tables(report: Any, *, failures_only: bool) -> list[Table]:
     """One table per dtype (and one for the checks tied to none), the names printed as they are."""
-    groups: dict[str | None, list[Any]] = {}
-    for check in report.checks:
-        if failures_only and check.passed:
-            continue
-        groups.setdefault(check.dtype, []).append(check)
+    groups = _by_dtype(c for c in report.checks if not (failures_only and c.passed))
     tables = []
     for dtype, checks in groups.items():
         ok = all(c.passed for c in checks)
