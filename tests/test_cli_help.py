@@ -133,8 +133,8 @@ def test_lm_compare_quick_help_matches_the_quick_settings():
 # ----------------------------------------------------------------------------------------------- stejax list
 
 
-def test_list_is_one_line_per_estimator():
-    result = CliRunner(env={"COLUMNS": "80"}).invoke(main, ["list"])
+def test_list_is_one_line_per_estimator_cut_to_a_terminal():
+    result = CliRunner(env={"COLUMNS": "80", "FORCE_COLOR": "1"}).invoke(main, ["list"])  # as in a terminal
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
     assert len(lines) == len(CATALOG)
@@ -142,6 +142,20 @@ def test_list_is_one_line_per_estimator():
         assert line.split()[:2] == [name, entry.family], line
         assert len(line) <= 80, line
     assert "Round to the nearest integer, ties to even" in result.output
+    assert any(line.endswith("…") for line in lines)
+
+
+def test_list_piped_keeps_every_sentence_whole():
+    from stejax.render import first_paragraph, plain_roles
+
+    result = CliRunner(env={"COLUMNS": "80"}).invoke(main, ["list"])  # not a terminal: a pipe or a file
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert len(lines) == len(CATALOG) and not any("…" in line for line in lines)
+    for line, entry in zip(lines, CATALOG.values(), strict=True):
+        first = plain_roles(first_paragraph(entry.fn)).split(". ")[0].rstrip(".") + "."
+        assert line.endswith(first), line
+    assert max(len(line) for line in lines) > 80
 
 
 def test_list_long_keeps_the_math_table():

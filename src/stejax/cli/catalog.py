@@ -29,7 +29,8 @@ __all__ = ["list_command", "show", "verify_command"]
 def list_command(family: str | None, long_: bool, as_json: bool) -> None:
     """List the estimators, one line each.
 
-    One line per estimator: name, family and what it does. With --long, a
+    One line per estimator: name, family and what it does (cut to the
+    terminal's width; whole when piped or redirected). With --long, a
     table of each one's forward function, surrogate derivative (both in a
     plain-text reading of the LaTeX) and reference; with --json, a JSON array
     with the same and the LaTeX, the parameters and the extra positional
@@ -45,11 +46,13 @@ def list_command(family: str | None, long_: bool, as_json: bool) -> None:
     if long_:
         console.print(_catalog_table(entries))
     else:
-        click.echo(_catalog_lines(entries, console.width))
+        # A terminal's lines are cut to its width; piped or redirected output keeps every sentence whole.
+        click.echo(_catalog_lines(entries, console.width if console.is_terminal else None))
 
 
-def _catalog_lines(entries: Iterable[Entry], width: int) -> str:
-    """One line per estimator: name, family and its docstring's first sentence, cut to ``width`` columns."""
+def _catalog_lines(entries: Iterable[Entry], width: int | None) -> str:
+    """One line per estimator: name, family and its docstring's first sentence, cut to ``width`` columns (None:
+    not cut)."""
     entries = list(entries)
     names = max((len(e.name) for e in entries), default=4)
     families = max((len(e.family) for e in entries), default=6)
@@ -58,7 +61,7 @@ def _catalog_lines(entries: Iterable[Entry], width: int) -> str:
         summary = plain_roles(first_paragraph(e.fn))
         first = summary.split(". ")[0].rstrip(".") + "." if summary else ""
         line = f"{e.name:<{names}}  {e.family:<{families}}  {first}"
-        lines.append(line if len(line) <= width else line[: max(width - 1, names)] + "…")
+        lines.append(line if width is None or len(line) <= width else line[: max(width - 1, names)] + "…")
     return "\n".join(lines)
 
 
