@@ -284,3 +284,121 @@ def test_the_changelog_has_one_unreleased_section():
     # Until a release, every change is in one section, in user terms (the site renders it as the changelog page).
     sections = re.findall(r"^## (.+)$", (ROOT / "CHANGELOG.md").read_text("utf-8"), flags=re.M)
     assert sections == ["Unreleased"], sections
+
+
+# --- one answer per question: pages that state a measured result state the same one -----------------------
+
+EXPLANATIONS = sorted((ROOT / "docs" / "explanation").glob("*.md"))
+
+
+def _sentences(text: str) -> list[str]:
+    """The sentences of a Markdown text outside code blocks, each on one line (a paragraph's lines joined)."""
+    prose, fence = [], None
+    for line in text.split("\n"):
+        opened = _FENCE.match(line)
+        if opened and fence is None:
+            fence = opened.group(1)
+        elif opened and fence is not None and opened.group(1).startswith(fence[0] * len(fence)):
+            fence = None
+        elif fence is None:
+            prose.append(line)
+    paragraphs = re.split(r"\n\s*\n|\n(?=\s*[-*|#] )", "\n".join(prose))
+    return [s.strip() for p in paragraphs for s in re.split(r"(?<=[.;:!?])\s+", " ".join(p.split())) if s.strip()]
+
+
+# A sentence that calls the integer training step slower or faster than float, on a TPU, must name the width:
+# it is slower at width 512 and faster at 1024 and 2048 (docs/results/train_step.json).
+_INTEGER_STEP = re.compile(r"\b(?:integer|int8) (?:training )?(?:step|products?)\b", re.IGNORECASE)
+_SPEED = re.compile(r"\b(?:slower|faster)\b", re.IGNORECASE)
+_WIDTH = re.compile(r"\bwidths? (?:of )?\d|\bat \d{3,4}\b|\bwidth 512\b|_w\d+\b", re.IGNORECASE)
+
+
+def unqualified_integer_step_speed(text: str) -> list[str]:
+    """Sentences that say the integer training step is slower or faster than float without naming a width."""
+    return [
+        s
+        for s in _sentences(text)
+        if _INTEGER_STEP.search(s)
+        and _SPEED.search(s)
+        and re.search(r"\bfloat\b", s)
+        and re.search(r"\btrain", s, re.IGNORECASE)
+        and not _WIDTH.search(s)
+        and not re.search(r"\b(?:CPU|XLA:CPU|MLP)\b", s)
+    ]
+
+
+@pytest.mark.parametrize(
+    "path", [ROOT / "CHANGELOG.md", ROOT / "README.md", *EXPLANATIONS], ids=lambda p: p.relative_to(ROOT).as_posix()
+)
+def test_the_integer_training_step_speed_is_stated_with_its_width(path):
+    hits = unqualified_integer_step_speed(path.read_text("utf-8"))
+    assert not hits, f"{path.name}: name the width (slower than float at 512, faster at 1024 and 2048): {hits}"
+
+
+def test_the_faq_answers_the_training_speed_question_from_the_results_file():
+    faq = (ROOT / "docs" / "explanation" / "faq.md").read_text("utf-8")
+    answer = re.search(r"^## Does stejax make training faster\?\n(.*?)(?=^## )", faq, flags=re.M | re.S)
+    assert answer, "faq.md needs its 'Does stejax make training faster?' answer"
+    for key in ("int8_vs_float32_w512", "int8_vs_float32_w1024", "int8_vs_float32_w2048", "int8_vs_qwix_qt_w1024"):
+        assert f'figure("train_step", "{key}")' in answer.group(1), f"the answer must cite train_step.{key}"
+    assert not re.search(r"\bintegers? kernels? on TPU\b", faq), "stejax's integer products run on a TPU too"
+
+
+@pytest.mark.parametrize(
+    ("text", "caught"),
+    [
+        ("The integer training step is slower than the float one there, so fake-quant products stay the default.", 1),
+        ("On a TPU the int8 training step is faster than float.", 1),
+        ("The integer training step is faster than float at widths 1024 and 2048 and slower at width 512.", 0),
+        ("On a CPU the integer training products are slower than float.", 0),
+        ("- It takes 0.837× the float32 step at width 1024; the integer step trains slower than float at 512.", 0),
+    ],
+)
+def test_unqualified_integer_step_speeds_are_caught(text, caught):
+    assert len(unqualified_integer_step_speed(text)) == caught, text
+
+
+def test_the_stop_gradient_page_says_where_the_exact_form_is_cheaper():
+    page = (ROOT / "docs" / "explanation" / "stop-gradient.md").read_text("utf-8")
+    assert 'figure("estimators", "median_vs_stop_gradient")' in page  # the CPU
+    assert 'figure("estimators_tpu", "median_vs_stop_gradient")' in page  # the TPU, where the two are level
+    assert not re.search(r"exact form is also the cheaper one[:.]", page), "say where: on a CPU, not on a TPU"
+
+
+# Release notes say what a user gets, not how a figure or a behaviour moved between versions of the code.
+_MOVEMENT = re.compile(
+    r"\b(?:up|down) from \d|\(before,|\bnow (?:takes|runs|decodes|trains|compiles)\b|\bno longer divides\b",
+    re.IGNORECASE,
+)
+
+
+def test_the_changelog_says_what_a_user_gets_not_how_figures_moved():
+    lines = (ROOT / "CHANGELOG.md").read_text("utf-8").split("\n")
+    hits = [f"CHANGELOG.md:{n}: {m.group(0)!r}" for n, line in enumerate(lines, 1) for m in _MOVEMENT.finditer(line)]
+    assert not hits, "\n".join(hits)
+
+
+def test_no_earlier_releases_while_the_changelog_has_one():
+    sections = re.findall(r"^## (.+)$", (ROOT / "CHANGELOG.md").read_text("utf-8"), flags=re.M)
+    if len(sections) > 1:
+        pytest.skip("the changelog has more than one release")
+    earlier = re.compile(r"\b(?:earlier|previous|older|past|prior) (?:releases?|versions? of stejax)\b", re.I)
+    hits = [
+        f"{page.relative_to(ROOT)}:{n}: {line.strip()[:120]}"
+        for page in pages()
+        if page.exists()
+        for n, line in enumerate(page.read_text("utf-8").split("\n"), start=1)
+        if earlier.search(line)
+    ]
+    hits += [f"{path}:{line}" for path, line, doc in docstrings() if earlier.search(doc)]
+    assert not hits, "the first release has no earlier releases:\n" + "\n".join(hits)
+
+
+def test_the_home_page_lists_every_how_to_guide():
+    nav = (ROOT / "mkdocs.yml").read_text("utf-8")
+    guides = re.search(r"^  - How-to guides:\n(.*?)(?=^  - )", nav, flags=re.M | re.S)
+    assert guides, "mkdocs.yml needs its How-to guides section"
+    pages_listed = re.findall(r":\s*([\w/-]+\.md)\s*$", guides.group(1), flags=re.M)
+    home = (ROOT / "docs" / "index.md").read_text("utf-8")
+    missing = [page for page in pages_listed if f"]({page})" not in home]
+    assert not missing, f"docs/index.md's how-to list leaves out {missing}"
