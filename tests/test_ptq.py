@@ -10,7 +10,18 @@ from hypothesis import strategies as st
 
 import stejax
 from stejax.export import pack_codes, unpack_codes
-from stejax.ptq import gptq, hessian, round_to_nearest, symmetric_grid
+from stejax.ptq import (
+    awq,
+    gptq,
+    hadamard,
+    hessian,
+    rotate_inputs,
+    rotate_kernel,
+    round_to_nearest,
+    smooth,
+    smoothquant_scales,
+    symmetric_grid,
+)
 
 TINY = float(np.finfo(np.float32).tiny)
 
@@ -205,3 +216,125 @@ def test_gptq_is_compiled_once_per_configuration():
     before = _gptq._gptq._cache_size()
     gptq(w + 1.0, x, bits=4)
     assert _gptq._gptq._cache_size() == before
+
+
+# ----------------------------------------------------------------------------- AWQ
+
+
+def _outlier_inputs(seed: int, n: int, n_in: int, outliers: tuple[int, ...] = (3, 17, 40)) -> np.ndarray:
+    """Gaussian inputs whose few outlier channels are 30 times larger than the rest."""
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, n_in))
+    x[:, list(outliers)] *= 30.0
+    return x.astype(np.float32)
+
+
+def awq_reference(kernel, x, *, bits, group=None, n_grid=20):
+    """AWQ's search in float64 (Lin et al. 2023): every alpha on the grid, the output error, the argmin."""
+    W = kernel.astype(np.float64)
+    X = x.reshape(-1, W.shape[0]).astype(np.float64)
+    q_max = 2 ** (bits - 1) - 1
+    g = W.shape[0] if group is None else group
+    a = np.abs(X).mean(axis=0)
+    a = np.maximum(a / (a.max() + 1e-8), 1e-4)
+    losses = []
+    for alpha in np.linspace(0.0, 1.0, n_grid):
+        s = np.maximum(a**alpha, 1e-4)
+        s = s / np.sqrt(s.max() * s.min())
+        ws = W * s[:, None]
+        step = np.repeat(np.abs(ws).reshape(-1, g, W.shape[1]).max(axis=1) / q_max, g, axis=0)
+        w_hat = np.clip(np.round(ws / step), -q_max, q_max) * step
+        d = X @ W - (X / s) @ w_hat
+        losses.append(np.mean(np.sum(d * d, axis=1)))
+    return int(np.argmin(losses)), np.array(losses)
+
+
+@pytest.mark.parametrize("group", [None, 16])
+@pytest.mark.parametrize("bits", [3, 4])
+def test_awq_picks_the_brute_force_argmin_over_the_same_grid(bits, group):
+    w, _ = _layer(10)
+    x = _outlier_inputs(10, 256, 64)
+    out = awq(w, x, bits=bits, group=group)
+    best, losses = awq_reference(w, x, bits=bits, group=group)
+    assert out.alpha == pytest.approx(np.linspace(0.0, 1.0, 20)[best])
+    np.testing.assert_allclose(out.losses, losses, rtol=1e-4)
+    assert 0 < best  # the outliers make scaling worth it: not plain round-to-nearest
+    # The result is the scaled kernel on the grid, and the transformed product approximates the original.
+    np.testing.assert_array_equal(
+        out.kernel, round_to_nearest(w * np.asarray(out.input_scales)[:, None], bits=bits, group=group).kernel
+    )
+    d = x @ w - (x / np.asarray(out.input_scales)) @ np.asarray(out.kernel)
+    assert float(np.mean(np.sum(d * d, axis=1))) == pytest.approx(float(losses[best]), rel=1e-4)
+
+
+def test_awq_refuses_inputs_of_the_wrong_width():
+    w, _ = _layer(11, n_in=16, n_out=4)
+    with pytest.raises(ValueError, match=r"awq\('fc'\): inputs must be floating \(\.\.\., 16\)"):
+        awq(w, np.ones((4, 8), np.float32), bits=4, name="fc")
+
+
+# ----------------------------------------------------------------------------- SmoothQuant
+
+
+@pytest.mark.parametrize("alpha", [0.25, 0.5, 0.8])
+def test_smoothquant_keeps_the_product_and_shrinks_the_outlier_channels(alpha):
+    w, _ = _layer(12)
+    x = _outlier_inputs(12, 256, 64)
+    out = smooth(w, x, alpha=alpha)
+    expected = np.maximum(np.abs(x).max(axis=0).astype(np.float64) ** alpha, 0) / np.maximum(
+        np.abs(w).max(axis=1).astype(np.float64), 1e-5
+    ) ** (1 - alpha)
+    np.testing.assert_allclose(out.scales, expected, rtol=1e-5)
+    x_smooth = x / np.asarray(out.scales)
+    np.testing.assert_allclose(x_smooth @ np.asarray(out.kernel), x @ w, rtol=1e-4, atol=1e-3)
+    before, after = np.abs(x).max(axis=0), np.abs(x_smooth).max(axis=0)
+    outliers = [3, 17, 40]
+    assert np.all(after[outliers] < before[outliers])
+    assert after.max() / np.median(after) < before.max() / np.median(before)  # the outliers stand out less
+
+
+def test_smoothquant_at_one_half_gives_both_operands_the_same_channel_ranges():
+    w, _ = _layer(13)
+    x = _outlier_inputs(13, 128, 64)
+    out = smooth(w, x)
+    np.testing.assert_allclose(
+        np.abs(x / np.asarray(out.scales)).max(axis=0), np.abs(out.kernel).max(axis=1), rtol=1e-5
+    )
+    assert smoothquant_scales(jnp.abs(jnp.asarray(x)).max(axis=0), w).shape == (64,)
+    with pytest.raises(ValueError, match=r"alpha must be in \[0, 1\]; got 1.5"):
+        smoothquant_scales(jnp.ones(64), w, alpha=1.5)
+
+
+# ----------------------------------------------------------------------------- Hadamard rotation
+
+
+@pytest.mark.parametrize(("n", "block"), [(1, None), (2, None), (64, None), (96, 32)])
+def test_hadamard_is_orthonormal_with_entries_of_one_size(n, block):
+    h = np.asarray(hadamard(n, block=block), np.float64)
+    np.testing.assert_allclose(h @ h.T, np.eye(n), atol=1e-6)
+    b = n if block is None else block
+    nonzero = h[np.abs(h) > 0]
+    np.testing.assert_allclose(np.abs(nonzero), 1 / np.sqrt(b), rtol=1e-6)
+    assert nonzero.size == n * b
+
+
+def test_a_rotated_layer_computes_the_same_product_with_smaller_outliers():
+    w, _ = _layer(14)
+    x = _outlier_inputs(14, 256, 64)
+    r = hadamard(64)
+    y = np.asarray(rotate_inputs(x, r), np.float64) @ np.asarray(rotate_kernel(w, r), np.float64)
+    np.testing.assert_allclose(y, x.astype(np.float64) @ w, rtol=1e-4, atol=1e-3)
+
+    def outlier_ratio(a):  # the largest |value| over the root mean square, per token, averaged
+        a = np.asarray(a, np.float64)
+        return float(np.mean(np.abs(a).max(axis=1) / np.sqrt(np.mean(a * a, axis=1))))
+
+    assert outlier_ratio(rotate_inputs(x, r)) < 0.5 * outlier_ratio(x)
+
+
+def test_hadamard_says_which_sizes_it_builds():
+    with pytest.raises(ValueError, match=r"n must be a power of two; got 12\. For other sizes give block="):
+        hadamard(12)
+    with pytest.raises(ValueError, match=r"block must be a power of two that divides n=12; got 8"):
+        hadamard(12, block=8)
+    assert hadamard(12, block=4).shape == (12, 12)

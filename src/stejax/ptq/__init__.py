@@ -5,8 +5,17 @@ weights on stejax's symmetric absmax integer grid (or transformed weights and
 inputs whose product is unchanged), with no training.
 """
 
+from stejax.ptq._awq import AWQResult as AWQResult
+from stejax.ptq._awq import awq as awq
+from stejax.ptq._awq import awq_scales as awq_scales
 from stejax.ptq._gptq import GPTQResult as GPTQResult
 from stejax.ptq._gptq import gptq as gptq
 from stejax.ptq._gptq import hessian as hessian
 from stejax.ptq._gptq import round_to_nearest as round_to_nearest
 from stejax.ptq._gptq import symmetric_grid as symmetric_grid
+from stejax.ptq._rotation import hadamard as hadamard
+from stejax.ptq._rotation import rotate_inputs as rotate_inputs
+from stejax.ptq._rotation import rotate_kernel as rotate_kernel
+from stejax.ptq._smoothquant import Smoothed as Smoothed
+from stejax.ptq._smoothquant import smooth as smooth
+from stejax.ptq._smoothquant import smoothquant_scales as smoothquant_scales
