@@ -104,7 +104,7 @@ def awq(
     Example:
       >>> import jax, jax.numpy as jnp
       >>> w = jax.random.normal(jax.random.key(0), (16, 4))
-      >>> x = jax.random.normal(jax.random.key(1), (64, 16)) * jnp.linspace(0.1, 10.0, 16)
+      >>> x = jax.random.normal(jax.random.key(1), (64, 16)) * jnp.linspace(0.1, 10.0, 16)[None, :]
       >>> out = awq(w, x, bits=4)
       >>> out.input_scales.shape, out.codes.dtype
       ((16,), dtype('int8'))
