@@ -216,25 +216,23 @@ class _Started:
 
     def __init__(self) -> None:
         import datetime
-        import os
+
+        from stejax.bench._machine import load_average
 
         self.date = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
-        self.load = round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None
+        self.load = load_average()
 
 
 def _conditions(started: _Started) -> dict[str, Any]:
     """The commit, date, machine and load of a run, as the results file records them."""
-    import os
-
+    from stejax.bench._machine import load_average
     from stejax.bench.results import _commit, _machine
 
     here = Path(__file__).resolve().parent
-    return {
-        "commit": _commit(here),
-        "date": started.date,
-        "machine": _machine(),
-        "load": {"start": started.load, "end": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None},
-    }
+    load: dict[str, Any] = {"start": started.load, "end": load_average()}
+    if load["start"] is None or load["end"] is None:
+        load["note"] = "not available"
+    return {"commit": _commit(here), "date": started.date, "machine": _machine(), "load": load}
 
 
 def run(args: argparse.Namespace) -> None:
