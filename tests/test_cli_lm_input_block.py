@@ -95,9 +95,29 @@ def test_per_token_inputs_say_the_gguf_file_will_not_match():
     )
 
 
-def test_an_explicit_block_for_float_inputs_is_refused():
-    with pytest.raises(click.BadParameter, match="inputs are float, expected 8-bit"):
-        _with_input_block(CONFIGS["float"], "32", DEFAULT)
+@pytest.mark.parametrize(
+    ("preset", "block", "message"),
+    [
+        ("float", "256", "--preset float has no quantised inputs; input blocks are llama.cpp's scales of 8-bit inputs"),
+        ("float", "32", "--preset float has no quantised inputs"),
+        ("w4a4", "32", "--preset w4a4 has 4-bit inputs; input blocks are llama.cpp's scales of 8-bit inputs"),
+    ],
+)
+def test_an_explicit_block_without_8_bit_inputs_is_refused_naming_the_preset(preset, block, message, tmp_path):
+    # Refused for what the configuration is, before the architecture is looked at: a float model has no
+    # quantised linears whose input widths a block could fail to divide.
+    out = tmp_path / "run"
+    result = CliRunner().invoke(main, ["lm", "train", "--preset", preset, "--input-block", block, "--out", str(out)])
+    assert result.exit_code == 2, result.output
+    text = _one_line(result.output)
+    assert f"Invalid value for --input-block: {message}" in text, text
+    assert "taken by w8a8, w4a8, w2a8, w1.58a8, w4a8_no_ste. Leave --input-block at auto." in text
+    assert "quantised linears take inputs" not in text and not out.exists()
+
+
+def test_an_explicit_block_with_integer_products_is_refused():
+    with pytest.raises(click.BadParameter, match=r"integer products \(--product int8\) scale their inputs per token; "):
+        _with_input_block(CONFIGS["w8a8"].with_product("int8"), "32", DEFAULT)
 
 
 def test_check_input_block_names_both_widths_and_what_fits():
@@ -130,7 +150,49 @@ def test_lm_export_of_a_per_token_run_says_it_will_not_match_llamacpp(tmp_path):
             assert "this run uses one scale per token; to match, train with --input-block auto." in text
 
 
-def test_auto_leaves_integer_products_per_token():
+def test_auto_leaves_integer_products_per_token_and_says_so():
     config, (note,) = _with_input_block(CONFIGS["w8a8"].with_product("int8"), "auto", DEFAULT)
     assert config.input_block is None and config.product == "int8"
-    assert note.endswith("to match, train with --input-block auto and fake-quant products."), note
+    assert note == (
+        "--product int8 scales the quantised products' inputs per token (integer products take no input blocks), "
+        "so a GGUF export of this run will not match llama.cpp exactly, which quantises them per block of 32; to "
+        "match, train with --product fake-quant."
+    )
+    _, (note,) = _with_input_block(CONFIGS["w8a8"].with_product("int8"), "token", DEFAULT)
+    assert note.endswith("to match, train with --product fake-quant and --input-block auto."), note
+
+
+def test_lm_train_with_integer_products_says_what_auto_did_once(tmp_path, monkeypatch):
+    import types
+
+    import stejax.lm
+
+    def stop(*args, **kwargs):
+        raise click.ClickException("stopped before training")
+
+    corpus = types.SimpleNamespace(
+        source="a test corpus", describe=lambda: {}, data=dict.fromkeys(("train", "validation"))
+    )
+    monkeypatch.setattr(stejax.lm, "build_corpus", lambda corpus_dir: corpus)
+    monkeypatch.setattr(stejax.lm, "train_lm", stop)
+    args = ["lm", "train", "--preset", "w8a8", "--product", "int8", "--out", str(tmp_path / "run"), "--steps", "1"]
+    result = CliRunner(env={"COLUMNS": "1000"}).invoke(main, args)
+    assert result.exit_code == 1 and "stopped before training" in result.output, result.output
+    notes = [line for line in result.output.splitlines() if line.startswith("note: ")]
+    assert len(notes) == 1 and notes[0].startswith(
+        "note: --product int8 scales the quantised products' inputs per token"
+    )
+    assert "per block of 32; to match, train with --product fake-quant." in notes[0]
+    assert "--input-block auto" not in result.output  # it was in use already
+
+
+def test_a_refused_configuration_is_named_as_the_user_names_it(tmp_path):
+    out = tmp_path / "run"
+    result = CliRunner().invoke(main, ["lm", "train", "--preset", "w4a8", "--product", "int8", "--out", str(out)])
+    assert result.exit_code == 2, result.output
+    text = _one_line(result.output)
+    assert "Invalid value for --product: configuration 'w4a8': integer products take int8 per-channel" in text, text
+    assert "LMQuant" not in text and not out.exists()
+    for change in (lambda: CONFIGS["w8a8"].with_input_block(64), lambda: CONFIGS["w4a4"].with_input_block(32)):
+        with pytest.raises(ValueError, match=r"^configuration 'w[48]a[48]': input"):
+            change()

@@ -644,7 +644,7 @@ def test_cli_notes_a_per_token_model_and_refuses_blocks_for_float(tmp_path):
         "--input-block 32` (what the default, auto, picks here)." in " ".join(result.output.split())
     )
     refused = CliRunner().invoke(main, ["lm", "train", "--out", str(tmp_path / "r"), "--input-block", "32"])
-    assert refused.exit_code == 2 and "inputs are float, expected 8-bit" in refused.output
+    assert refused.exit_code == 2 and "--preset float has no quantised inputs" in refused.output
     assert not (tmp_path / "r").exists()
 
 

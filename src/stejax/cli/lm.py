@@ -377,12 +377,31 @@ def train_command(
 
 
 def _with_input_block(config: Any, choice: str, model: Any) -> tuple[Any, list[str]]:
-    """``config`` with the input block ``--input-block`` names, checked against the architecture ``model``.
+    """``config`` with the input block ``--input-block`` names, checked against the configuration, then the
+    architecture ``model``.
 
     Returns the configuration and what the run's output says about its GGUF export (:func:`_gguf_notes`).
     """
+    from stejax.lm import CONFIGS
     from stejax.lm._gguf import GGUFError, check_input_block, llamacpp_input_blocks
 
+    integer = getattr(config, "product", "fake-quant") != "fake-quant"
+    if choice not in ("auto", "token"):
+        # The configuration first: a block means nothing to a model without 8-bit quantised inputs.
+        if config.input_bits != 8:
+            takes = ", ".join(n for n in _CONFIG_NAMES if CONFIGS[n].input_bits == 8)
+            has = "no quantised inputs" if config.input_bits is None else f"{config.input_bits}-bit inputs"
+            raise click.BadParameter(
+                f"--preset {config.name} has {has}; input blocks are llama.cpp's scales of 8-bit inputs, taken by "
+                f"{takes}. Leave --input-block at auto.",
+                param_hint="--input-block",
+            )
+        if integer:
+            raise click.BadParameter(
+                f"integer products (--product {config.product}) scale their inputs per token; input blocks of "
+                f"{choice} need --product fake-quant. Leave --input-block at auto or token.",
+                param_hint="--input-block",
+            )
     try:
         blocks = llamacpp_input_blocks(model, config)
     except GGUFError:
@@ -390,7 +409,7 @@ def _with_input_block(config: Any, choice: str, model: Any) -> tuple[Any, list[s
     if choice == "auto":
         # Two blocks: ternary tensors whose rows are multiples of 256 (TQ2_0) and others (Q4_0); with 32,
         # an export with --ternary Q4_0 matches every one. Integer products scale their inputs per token.
-        blockwise = blocks and config.input_bits == 8 and getattr(config, "product", "fake-quant") == "fake-quant"
+        blockwise = blocks and config.input_bits == 8 and not integer
         block = (blocks[0] if len(blocks) == 1 else 32) if blockwise else None
     else:
         block = None if choice == "token" else int(choice)
@@ -399,12 +418,15 @@ def _with_input_block(config: Any, choice: str, model: Any) -> tuple[Any, list[s
         config = config.with_input_block(block)
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="--input-block") from None
-    return config, _gguf_notes(config, model)
+    return config, _gguf_notes(config, model, choice=choice)
 
 
-def _gguf_notes(config: Any, model: Any) -> list[str]:
+def _gguf_notes(config: Any, model: Any, *, choice: str | None = None) -> list[str]:
     """What a run's output says about its GGUF export: nothing when llama.cpp will quantise every quantised
-    product's input as the model does, else how it differs and how to make it match."""
+    product's input as the model does, else how it differs and what to change to make it match.
+
+    ``choice``: the run's ``--input-block`` (None: not known, as at export).
+    """
     from stejax.lm._gguf import GGUFError, llamacpp_input_blocks
 
     if config.input_bits is None:
@@ -414,23 +436,33 @@ def _gguf_notes(config: Any, model: Any) -> list[str]:
     except GGUFError as e:
         return [f"no GGUF export for llama.cpp: {e}"]
     block = config.input_block
+    product = getattr(config, "product", "fake-quant")
     if len(blocks) == 2 and block == 32:
         return [
             "`stejax lm export --format gguf` writes ternary tensors whose rows are multiples of 256 as TQ2_0, "
             "whose inputs llama.cpp quantises per block of 256, not 32; export with --ternary Q4_0 for a file "
             "that computes exactly what this model computes."
         ]
-    if blocks != (block,):
-        ours = "one scale per token" if block is None else f"blocks of {block}"
-        theirs = " and ".join(map(str, blocks))
-        how = "train with --input-block auto" + (" and export with --ternary Q4_0" if len(blocks) == 2 else "")
-        if getattr(config, "product", "fake-quant") != "fake-quant":  # integer products scale per token
-            how += " and fake-quant products"
+    if blocks == (block,):
+        return []
+    ours = "one scale per token" if block is None else f"blocks of {block}"
+    theirs = " and ".join(map(str, blocks))
+    changes = []
+    if product != "fake-quant":
+        changes.append("--product fake-quant")
+    if choice != "auto":  # auto picks llama.cpp's block for fake-quant products
+        changes.append("--input-block auto")
+    how = "train with " + " and ".join(changes) + (" and export with --ternary Q4_0" if len(blocks) == 2 else "")
+    if product != "fake-quant" and choice == "auto":  # say what auto did, once
         return [
-            f"a GGUF export of this run will not match llama.cpp exactly: llama.cpp quantises the quantised "
-            f"products' inputs per block of {theirs}, and this run uses {ours}; to match, {how}."
+            f"--product {product} scales the quantised products' inputs per token (integer products take no input "
+            f"blocks), so a GGUF export of this run will not match llama.cpp exactly, which quantises them per "
+            f"block of {theirs}; to match, {how}."
         ]
-    return []
+    return [
+        f"a GGUF export of this run will not match llama.cpp exactly: llama.cpp quantises the quantised "
+        f"products' inputs per block of {theirs}, and this run uses {ours}; to match, {how}."
+    ]
 
 
 @lm_group.command("compare", short_help="Train and compare float and every quantised configuration.")
@@ -603,7 +635,8 @@ def export_command(run: Path, out: Path, format_: str, ternary: str) -> None:
             f"packed codes {size['codes']} bytes, float32 {size['float32']} bytes"
         )
     )
-    for note in _gguf_notes(config, architecture):
+    product = run_config.get("product", "fake-quant")
+    for note in _gguf_notes(config if product == "fake-quant" else config.with_product(product), architecture):
         console.print(Text(f"note: {note}"))
 
 

@@ -76,13 +76,15 @@ class LMQuant:
 
     def __post_init__(self) -> None:
         if self.product not in PRODUCTS:
-            raise ValueError(f"LMQuant {self.name!r}: product must be one of {list(PRODUCTS)}; got {self.product!r}.")
+            raise ValueError(
+                f"configuration {self.name!r}: product must be one of {list(PRODUCTS)}; got {self.product!r}."
+            )
         if self.product != "fake-quant":
             integer_grid = self.weight_bits in (8, 1.58) and self.input_bits == 8 and self.group is None
             if not integer_grid or self.input_block is not None or not self.ste:
                 raise ValueError(
-                    f"LMQuant {self.name!r}: integer products take int8 per-channel or ternary weights and int8 "
-                    "per-token inputs with straight-through gradients (w8a8, w1.58a8); the configuration has "
+                    f"configuration {self.name!r}: integer products take int8 per-channel or ternary weights and int8 "
+                    "per-token inputs with straight-through gradients (w8a8, w1.58a8); it has "
                     f"{self.weight_bits}-bit weights (group {self.group}), {self.input_bits}-bit inputs"
                     f"{'' if self.input_block is None else f' per block of {self.input_block}'}"
                     f"{'' if self.ste else ', no STE'}."
@@ -90,12 +92,12 @@ class LMQuant:
         if self.input_block is not None:
             if self.input_block not in LLAMACPP_BLOCKS:
                 raise ValueError(
-                    f"LMQuant {self.name!r}: input_block must be 32 (llama.cpp's Q8_0), 256 (Q8_K) or None "
+                    f"configuration {self.name!r}: input_block must be 32 (llama.cpp's Q8_0), 256 (Q8_K) or None "
                     f"(per token); got {self.input_block!r}."
                 )
             if self.input_bits != 8:
                 raise ValueError(
-                    f"LMQuant {self.name!r}: input blocks are llama.cpp's 8-bit inputs; the configuration's inputs "
+                    f"configuration {self.name!r}: input blocks are llama.cpp's 8-bit inputs; its inputs "
                     f"are {'float' if self.input_bits is None else f'{self.input_bits}-bit'}, expected 8-bit."
                 )
 
