@@ -23,7 +23,6 @@ RENAMES = {
     ("export", "--out"): "OUT",
     ("diagnose", "--run"): "RUN",
     ("serve", "--artifact"): "ARTIFACT",
-    ("lm train", "--config"): "--preset",
     ("lm export", "--out"): "OUT",
     ("lm sample", "--artifact"): "ARTIFACT",
     ("snn train", "--steps"): "--time-steps",
@@ -241,23 +240,11 @@ def test_lm_export_out(tmp_path):
     assert "stejax lm export --out is now the argument OUT" in line
 
 
-def test_lm_train_config_name(monkeypatch, tmp_path):
-    import stejax.lm
-
-    def stop(model, name):
-        raise click.ClickException(f"would train {name}")
-
-    monkeypatch.setattr(stejax.lm, "Transformer", lambda config, rngs: None)  # no model is built
-    monkeypatch.setattr(stejax.lm, "quantize_lm", stop)
-    corpus = tmp_path / "corpus"
-    corpus.mkdir()
-    for i in range(40):  # enough files for the hash split to give each split some
-        (corpus / f"m{i}.py").write_text(f"def f{i}(x):\n    return x + {i}\n", encoding="utf-8")
-    shape = ["--context", "8", "--width", "8", "--depth", "1", "--heads", "1", "--hidden", "8", "--corpus", str(corpus)]
-    args = ["lm", "train", "--out", str(tmp_path / "run"), *shape]
-    line, new = _both([*args, "--config", "w4a8"], [*args, "--preset", "w4a8"])
-    assert new.exit_code == 1 and "would train w4a8" in new.output
-    assert line.startswith("Deprecated: stejax lm train --config is now --preset;")
+def test_lm_train_takes_no_config():
+    # lm train names its configuration --preset; --config is a JSON file wherever it exists (stejax train).
+    result = CliRunner().invoke(main, ["lm", "train", "--out", "never-written", "--config", "w4a8"])
+    assert result.exit_code == 2 and "No such option '--config'" in result.output, result.output
+    assert not Path("never-written").exists()
 
 
 def test_snn_time_steps(monkeypatch, tmp_path):

@@ -45,7 +45,6 @@ def lm_group() -> None:
     help="The quantisation: float, or wNaM (N-bit weights, M-bit activations; w1.58: BitNet b1.58 ternary; "
     "w4a8_no_ste: w4a8 without the straight-through gradient, a control).",
 )
-@deprecated_option("--config", "config_name", type=click.Choice(_CONFIG_NAMES))
 @click.option(
     "--input-block",
     type=click.Choice(["auto", "32", "256", "token"]),
