@@ -10,11 +10,13 @@ from hypothesis import strategies as st
 
 import stejax
 from stejax.export import pack_codes, unpack_codes
+from stejax.flax import Quant, Rule, quantize_model, summary
 from stejax.ptq import (
     awq,
     gptq,
     hadamard,
     hessian,
+    quantize_ptq,
     rotate_inputs,
     rotate_kernel,
     round_to_nearest,
@@ -338,3 +340,102 @@ def test_hadamard_says_which_sizes_it_builds():
     with pytest.raises(ValueError, match=r"block must be a power of two that divides n=12; got 8"):
         hadamard(12, block=8)
     assert hadamard(12, block=4).shape == (12, 12)
+
+
+# ----------------------------------------------------------------------------- by rules, on an NNX model
+
+W4 = Quant("fake_quant", bits=4, axis=-1, scale="static")
+
+
+def _mlp_and_batches(seed: int = 0):
+    """A 2-layer MLP (32 -> 64 -> 8) and correlated calibration batches."""
+    from flax import nnx
+
+    mlp = nnx.Sequential(nnx.Linear(32, 64, rngs=nnx.Rngs(seed)), nnx.relu, nnx.Linear(64, 8, rngs=nnx.Rngs(seed + 1)))
+    rng = np.random.default_rng(seed)
+    mix = np.eye(32) + 0.5 * rng.normal(size=(32, 32))
+    batches = [jnp.asarray((rng.normal(size=(64, 32)) @ mix).astype(np.float32)) for _ in range(4)]
+    return mlp, batches
+
+
+def _output_error(reference, model, batches) -> float:
+    return sum(float(jnp.sum((reference(b) - model(b)) ** 2)) for b in batches)
+
+
+@pytest.mark.parametrize("weights", [W4, Quant("fake_quant", bits=4, group_size=16, scale="static")], ids=repr)
+def test_gptq_by_rules_beats_round_to_nearest_by_rules_on_an_mlp(weights):
+    mlp, batches = _mlp_and_batches()
+    rules = [Rule(weights=weights)]
+    rtn = quantize_model(mlp, rules, batches[0])
+    rtn_ptq = quantize_ptq(mlp, rules, batches, method="rtn")
+    gptq_model = quantize_ptq(mlp, rules, batches)
+    for b in batches:  # round-to-nearest through quantize_ptq is quantize_model's own forward
+        np.testing.assert_allclose(rtn_ptq(b), rtn(b), rtol=1e-6, atol=1e-6)
+    assert _output_error(mlp, gptq_model, batches) < 0.8 * _output_error(mlp, rtn, batches)
+
+
+def test_the_quantised_forward_uses_the_gptq_kernel_and_the_float_model_is_kept():
+    mlp, batches = _mlp_and_batches(1)
+    kernels = [np.asarray(mlp.layers[i].kernel[...]) for i in (0, 2)]
+    qmodel = quantize_ptq(mlp, [Rule(weights=W4)], batches)
+    for i, kernel in zip((0, 2), kernels, strict=True):
+        np.testing.assert_array_equal(mlp.layers[i].kernel[...], kernel)  # the model passed in is unchanged
+    # The first layer's inputs are the batches themselves: its kernel is gptq() of them, bit for bit.
+    direct = gptq(kernels[0], np.concatenate([np.asarray(b) for b in batches]), bits=4, name="layers/0")
+    layer = qmodel.layers[0]
+    np.testing.assert_array_equal(layer.kernel[...], direct.kernel)
+    np.testing.assert_array_equal(layer.stejax_quant.p0.weight_scale[...], direct.scales[0])
+    # The quantised layer multiplies by that kernel as it is (the static scale keeps it on its grid).
+    x = batches[0]
+    expected = jnp.matmul(x, direct.kernel) + layer.bias[...][None, :]
+    np.testing.assert_array_equal(layer(x), expected)
+    assert [row.bits for row in summary(qmodel)] == ["w4a32", "w4a32"]
+
+
+def test_qat_starts_from_the_ptq_model():
+    import optax
+    from flax import nnx
+
+    mlp, batches = _mlp_and_batches(2)
+    qmodel = quantize_ptq(mlp, [Rule(weights=W4, inputs=Quant("fake_quant", bits=8))], batches)
+    optimizer = nnx.Optimizer(qmodel, optax.sgd(1e-2), wrt=nnx.Param)
+    scale = np.asarray(qmodel.layers[0].stejax_quant.p0.weight_scale[...])
+
+    def loss(model):
+        return sum((jnp.mean((model(b) - mlp(b)) ** 2) for b in batches), start=jnp.float32(0))
+
+    before = float(loss(qmodel))
+    for _ in range(3):
+        grads = nnx.grad(loss)(qmodel)
+        optimizer.update(qmodel, grads)
+    assert float(loss(qmodel)) < before
+    np.testing.assert_array_equal(qmodel.layers[0].stejax_quant.p0.weight_scale[...], scale)  # scales kept
+
+
+@pytest.mark.parametrize(
+    ("weights", "message"),
+    [
+        (Quant("fake_quant", bits=4, axis=-1), r"PTQ sets the scales of a static fake_quant weight quantiser"),
+        (Quant("lsq", bits=4), r"PTQ sets the scales of a static fake_quant weight quantiser"),
+        (Quant("fake_quant", bits=4, scale="static"), r"PTQ needs a scale per output channel \(axis=-1\)"),
+    ],
+)
+def test_quantize_ptq_says_which_weight_quantisers_it_fills(weights, message):
+    mlp, batches = _mlp_and_batches(3)
+    with pytest.raises(ValueError, match=r"quantize_ptq: rule 0 \('\.\*'\) at 'layers/0': " + message):
+        quantize_ptq(mlp, [Rule(weights=weights)], batches)
+
+
+def test_quantize_ptq_refuses_an_unknown_method_and_no_batches():
+    mlp, batches = _mlp_and_batches(4)
+    with pytest.raises(ValueError, match=r"method must be one of \['gptq', 'rtn'\]; got 'awq'"):
+        quantize_ptq(mlp, [Rule(weights=W4)], batches, method="awq")
+    with pytest.raises(ValueError, match="batches gave no batch"):
+        quantize_ptq(mlp, [Rule(weights=W4)], [])
+
+
+def test_a_layer_whose_hessian_is_singular_is_named():
+    mlp, batches = _mlp_and_batches(5)
+    batches = [b.at[:, 7].set(0.0) for b in batches]
+    with pytest.raises(ValueError, match=r"gptq\('layers/0'\): the Hessian"):
+        quantize_ptq(mlp, [Rule(weights=W4)], batches, damp=0.0)

@@ -13,6 +13,7 @@ from stejax.ptq._gptq import gptq as gptq
 from stejax.ptq._gptq import hessian as hessian
 from stejax.ptq._gptq import round_to_nearest as round_to_nearest
 from stejax.ptq._gptq import symmetric_grid as symmetric_grid
+from stejax.ptq._model import quantize_ptq as quantize_ptq
 from stejax.ptq._rotation import hadamard as hadamard
 from stejax.ptq._rotation import rotate_inputs as rotate_inputs
 from stejax.ptq._rotation import rotate_kernel as rotate_kernel
