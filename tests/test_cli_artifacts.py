@@ -26,7 +26,7 @@ def _run(*args):
 
 def test_export_verify_and_regress(tmp_path):
     out = tmp_path / "artifact"
-    result = _run("export", run_dir("w2a2"), out)
+    result = _run("export", run_dir("w2a2"), "--out", out)
     assert result.exit_code == 0, result.output
     assert "int2x4" in result.output and "1/16" in result.output
     assert "parity passed: same class 269/269 (100.00%)" in result.output
@@ -44,7 +44,7 @@ def test_export_verify_and_regress(tmp_path):
     check = _run("regress", "check", out)
     assert check.exit_code == 0, check.output
     assert "6 cases passed" in check.output
-    again = _run("export", run_dir("w2a2"), out)
+    again = _run("export", run_dir("w2a2"), "--out", out)
     assert again.exit_code == 1 and "exists; artifacts are never overwritten" in again.output
 
 
@@ -55,7 +55,7 @@ def test_export_refuses_an_existing_out_before_exporting(tmp_path, monkeypatch):
     monkeypatch.setattr("stejax.export.export_run", export_run)
     out = tmp_path / "artifact"
     out.mkdir()
-    result = _run("export", run_dir("w2a2"), out)
+    result = _run("export", run_dir("w2a2"), "--out", out)
     assert result.exit_code == 1
     assert f"{out} exists; artifacts are never overwritten. Nothing was exported." in result.output
 

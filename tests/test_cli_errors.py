@@ -67,7 +67,7 @@ def test_a_corrupted_run_directory(corruption, command, run, tmp_path):
     name, corrupt, match = CORRUPTIONS[corruption]
     bad = shutil.copytree(run, tmp_path / "run")
     corrupt(bad / name)
-    args = ("export", bad, tmp_path / "art") if command == "export" else ("diagnose", bad)
+    args = ("export", bad, "--out", tmp_path / "art") if command == "export" else ("diagnose", bad)
     result = _run(*args)
     assert result.exit_code == 2, result.output
     line = _one_line(result)
@@ -79,7 +79,7 @@ def test_a_corrupted_run_directory(corruption, command, run, tmp_path):
 @pytest.mark.parametrize("command", ["export", "diagnose"])
 def test_an_artifact_directory_where_a_run_directory_is_expected(command, tmp_path):
     artifact = copy_artifact("w2a2", tmp_path / "artifact")
-    args = ("export", artifact, tmp_path / "art") if command == "export" else ("diagnose", artifact)
+    args = ("export", artifact, "--out", tmp_path / "art") if command == "export" else ("diagnose", artifact)
     result = _run(*args)
     assert result.exit_code == 2, result.output
     line = _one_line(result)
@@ -128,7 +128,7 @@ def test_serve_exits_with_the_reason_when_the_start_up_artifact_is_refused(tmp_p
 
 def test_export_says_the_next_command(run, tmp_path):
     out = tmp_path / "art"
-    result = _run("export", run, out)
+    result = _run("export", run, "--out", out)
     assert result.exit_code == 0, result.output
     text = " ".join(result.output.split())
     assert f"next: stejax regress record {out}" in text

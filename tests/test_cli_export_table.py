@@ -8,7 +8,7 @@ from stejax.cli import main
 
 def _export(run, out) -> str:
     # A wide console, so that rich keeps each table row on one line.
-    result = CliRunner(env={"COLUMNS": "250"}).invoke(main, ["export", str(run), str(out)])
+    result = CliRunner(env={"COLUMNS": "250"}).invoke(main, ["export", str(run), "--out", str(out)])
     assert result.exit_code == 0, result.output
     (line,) = [line for line in result.output.splitlines() if "weights.safetensors" in line and "│" in line]
     return " ".join(line.split("│")[3].split())

@@ -142,7 +142,7 @@ def test_lm_export_of_a_per_token_run_says_it_will_not_match_llamacpp(tmp_path):
     for block, noted in ((None, True), (32, False)):
         record = {"model": arch.to_dict(), "config": "w8a8", "input_block": block}
         (run / "config.json").write_text(json.dumps(record), encoding="utf-8")
-        result = CliRunner().invoke(main, ["lm", "export", str(run), str(tmp_path / f"artifact-{block}")])
+        result = CliRunner().invoke(main, ["lm", "export", str(run), "--out", str(tmp_path / f"artifact-{block}")])
         assert result.exit_code == 0, result.output
         text = _one_line(result.output)
         assert ("note: a GGUF export of this run will not match llama.cpp exactly" in text) == noted, text

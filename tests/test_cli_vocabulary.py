@@ -17,13 +17,13 @@ import stejax.cli.snn
 import stejax.cli.training
 from stejax.cli import main
 
-# Old spelling -> new spelling, by command (a new spelling in capitals is a positional argument).
+# Old spelling -> new spelling, by command (a spelling in capitals is a positional argument).
 RENAMES = {
     ("compare", "--timing-repeats"): "--repeats",
-    ("export", "--out"): "OUT",
+    ("export", "OUT"): "--out",
     ("diagnose", "--run"): "RUN",
     ("serve", "--artifact"): "ARTIFACT",
-    ("lm export", "--out"): "OUT",
+    ("lm export", "OUT"): "--out",
     ("lm sample", "--artifact"): "ARTIFACT",
     ("snn train", "--steps"): "--time-steps",
     ("snn compare", "--steps"): "--time-steps",
@@ -143,11 +143,18 @@ def test_runs_and_artifacts_are_positional():
         ("regress record", "artifact_dir"),
         ("lm sample", "artifact_dir"),
         ("lm export", "run"),
-        ("lm export", "out"),
-        ("export", "out"),
     ]:
         (param,) = [p for p in COMMANDS[path].params if p.name == name]
         assert isinstance(param, click.Argument), (path, name)
+
+
+def test_what_a_command_writes_is_out():
+    # An export writes to --out, as every other command does; no visible argument names what is written.
+    for path in COMMANDS:
+        for param in COMMANDS[path].params:
+            if isinstance(param, click.Argument) and param.get_usage_pieces(_ctx(path)):
+                assert param.name not in ("out", "out_dir"), path
+    assert {"--out"} <= set(_option("export", "--out").opts) and _option("lm export", "--out").metavar == "PATH"
 
 
 def test_help_groups_the_commands_by_task():
@@ -166,11 +173,12 @@ def test_help_groups_the_commands_by_task():
 # ------------------------------------------------------------------------------------------ deprecations
 
 
-def _deprecated(path: str) -> dict[str, click.Option]:
+def _deprecated(path: str) -> dict[str, click.Parameter]:
+    """The old spellings of ``path``: an option's flag, or an old positional argument's metavar."""
     return {
-        p.opts[0]: p
+        p.opts[0] if isinstance(p, click.Option) else str(p.metavar): p
         for p in COMMANDS[path].params
-        if isinstance(p, click.Option) and p.name and p.name.startswith("_deprecated_")
+        if p.name and p.name.startswith("_deprecated_")
     }
 
 
@@ -178,7 +186,8 @@ def test_every_old_spelling_is_in_the_table_hidden_and_points_at_its_new_spellin
     found = {(path, flag) for path in COMMANDS for flag in _deprecated(path)}
     assert found == set(RENAMES)
     for (path, flag), new in RENAMES.items():
-        assert _deprecated(path)[flag].hidden
+        old = _deprecated(path)[flag]
+        assert old.hidden if isinstance(old, click.Option) else not old.get_usage_pieces(_ctx(path)), (path, flag)
         help_text = CliRunner().invoke(main, [*path.split(), "--help"]).output
         assert f"{flag} " not in help_text and f"{flag}\n" not in help_text, (path, flag)
         assert new in help_text, (path, new)
@@ -232,12 +241,22 @@ def test_lm_sample_artifact(tmp_path):
     assert new.exit_code != 0 and "now the argument ARTIFACT" in line
 
 
-def test_lm_export_out(tmp_path):
+@pytest.mark.parametrize("path", ["export", "lm export"])
+def test_export_out(path, tmp_path):
     run, out = tmp_path / "run", tmp_path / "exists"
     run.mkdir(), out.mkdir()
-    line, new = _both(["lm", "export", str(run), "--out", str(out)], ["lm", "export", str(run), str(out)])
-    assert new.exit_code == 2 and "exists; artifacts are never overwritten" in new.output
-    assert "stejax lm export --out is now the argument OUT" in line
+    args = [*path.split(), str(run)]
+    line, new = _both([*args, str(out)], [*args, "--out", str(out)])
+    if path == "lm export":  # refused after --out was taken: the path reached the command
+        assert new.exit_code == 2 and "exists; artifacts are never overwritten" in new.output
+    else:
+        assert new.exit_code == 1 and "exists; artifacts are never overwritten" in new.output
+    assert line == (
+        f"Deprecated: stejax {path} OUT as an argument is now --out OUT; the old spelling stops working in the next "
+        "release."
+    )
+    both = CliRunner().invoke(main, [*args, str(out), "--out", str(out)])
+    assert both.exit_code == 2 and "OUT is the old spelling of --out; give --out only." in both.output
 
 
 def test_lm_train_takes_no_config():
@@ -281,8 +300,9 @@ def test_old_and_new_spelling_together_is_a_usage_error(tmp_path):
 def test_a_positional_argument_is_still_required(tmp_path):
     result = CliRunner().invoke(main, ["lm", "sample", "--prompt", "x"])
     assert result.exit_code == 2 and "Missing argument 'ARTIFACT'" in result.output
-    result = CliRunner().invoke(main, ["lm", "export", str(tmp_path)])
-    assert result.exit_code == 2 and "Missing argument 'OUT'" in result.output
+    for path in ("export", "lm export"):
+        result = CliRunner().invoke(main, [*path.split(), str(tmp_path)])
+        assert result.exit_code == 2 and "Missing option '--out'" in result.output, (path, result.output)
 
 
 def test_snn_compare_passes_workers_to_the_comparison(monkeypatch, tmp_path):
@@ -357,8 +377,8 @@ def test_trust_key_is_public_key(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
     line, new = _both(
-        ["export", str(run), str(tmp_path / "art"), "--trust-key", str(key)],
-        ["export", str(run), str(tmp_path / "art"), "--public-key", str(key)],
+        ["export", str(run), "--out", str(tmp_path / "art"), "--trust-key", str(key)],
+        ["export", str(run), "--out", str(tmp_path / "art"), "--public-key", str(key)],
     )
     assert new.exit_code == 2 and "--float, --public-key and --conv go with --format onnx" in new.output
     assert line.startswith("Deprecated: stejax export --trust-key is now --public-key;")

@@ -180,7 +180,7 @@ def test_train_export_sample_commands(tmp_path, corpus_dir):
     assert result.exit_code == 0, result.output
     assert json.loads((run / "report.json").read_text())["config"] == "w1.58a8"
     art = tmp_path / "art"
-    result = runner.invoke(main, ["lm", "export", str(run), str(art)])
+    result = runner.invoke(main, ["lm", "export", str(run), "--out", str(art)])
     assert result.exit_code == 0, result.output
     size = (art / "weights.safetensors").stat().st_size
     assert f"weights.safetensors {size} bytes (predicted {size})" in result.output
@@ -270,9 +270,9 @@ def test_comparison_runs_export(tmp_path, comparison):
     for run in ("w1.58a8_scratch", "w4a8", "float_base"):
         config = json.loads((folder / "seed0" / run / "config.json").read_text())
         assert config["config"] == run.removesuffix("_scratch").replace("float_base", "float")
-        result = runner.invoke(main, ["lm", "export", str(folder / "seed0" / run), str(tmp_path / run)])
+        result = runner.invoke(main, ["lm", "export", str(folder / "seed0" / run), "--out", str(tmp_path / run)])
         assert result.exit_code == 0, result.output
     manifest = json.loads((tmp_path / "w1.58a8_scratch" / "manifest.json").read_text())
     assert {e["container"] for e in manifest["quantised"].values()} == {"trit5"}
-    result = runner.invoke(main, ["lm", "export", str(folder), str(tmp_path / "x")])
+    result = runner.invoke(main, ["lm", "export", str(folder), "--out", str(tmp_path / "x")])
     assert result.exit_code == 2 and "has no config.json" in result.output

@@ -621,11 +621,11 @@ def test_cli_export_gguf(exported, tmp_path):
 
     artifact, reference = exported["w1.58a8"]
     out = tmp_path / "m.gguf"
-    result = CliRunner().invoke(main, ["lm", "export", "--format", "gguf", str(artifact), str(out)])
+    result = CliRunner().invoke(main, ["lm", "export", "--format", "gguf", str(artifact), "--out", str(out)])
     assert result.exit_code == 0, result.output
     assert "Q4_0" in result.output and out.read_bytes() == reference.path.read_bytes()
     assert "note:" not in result.output  # trained with llama.cpp's input blocks
-    again = CliRunner().invoke(main, ["lm", "export", "--format", "gguf", str(artifact), str(out)])
+    again = CliRunner().invoke(main, ["lm", "export", "--format", "gguf", str(artifact), "--out", str(out)])
     assert again.exit_code != 0 and "never overwrites" in again.output
 
 
@@ -636,7 +636,9 @@ def test_cli_notes_a_per_token_model_and_refuses_blocks_for_float(tmp_path):
 
     arch = LMConfig(context=16, width=32, depth=1, heads=2, hidden=64, norms="llama")
     export_lm(Transformer(arch, rngs=nnx.Rngs(params=0)), "w4a8", tmp_path / "a")
-    result = CliRunner().invoke(main, ["lm", "export", "--format", "gguf", str(tmp_path / "a"), str(tmp_path / "m")])
+    result = CliRunner().invoke(
+        main, ["lm", "export", "--format", "gguf", str(tmp_path / "a"), "--out", str(tmp_path / "m")]
+    )
     assert result.exit_code == 0, result.output
     assert "note: the inputs of 7 Q4_0 tensors: llama.cpp quantises them" in " ".join(result.output.split())
     assert (

@@ -316,17 +316,17 @@ def test_cli_export_format_onnx(tmp_path):
 
     art = pristine("w4a4", "mlp")
     out = tmp_path / "model.onnx"
-    result = CliRunner().invoke(main, ["export", "--format", "onnx", str(art.path), str(out)])
+    result = CliRunner().invoke(main, ["export", "--format", "onnx", str(art.path), "--out", str(out)])
     assert result.exit_code == 0, result.output
     text = " ".join(result.output.split())  # the console wraps long lines
     assert "3 integer products" in text and art.id[:12] in text
     assert f"parity with stejax's integer forward on {len(art.evidence.inputs)} test inputs" in text
     assert "bit for bit" in text and "QLinearConv" not in text  # an MLP: no convolution
-    again = CliRunner().invoke(main, ["export", "--format", "onnx", str(art.path), str(out)])
+    again = CliRunner().invoke(main, ["export", "--format", "onnx", str(art.path), "--out", str(out)])
     assert again.exit_code == 1 and "never overwritten" in again.output
-    wrong = CliRunner().invoke(main, ["export", "--float", str(art.path), str(tmp_path / "a")])
+    wrong = CliRunner().invoke(main, ["export", "--float", str(art.path), "--out", str(tmp_path / "a")])
     assert wrong.exit_code == 2 and "go with --format onnx" in wrong.output
-    wrong = CliRunner().invoke(main, ["export", "--conv", "integer", str(art.path), str(tmp_path / "a")])
+    wrong = CliRunner().invoke(main, ["export", "--conv", "integer", str(art.path), "--out", str(tmp_path / "a")])
     assert wrong.exit_code == 2 and "go with --format onnx" in wrong.output
 
 
@@ -346,7 +346,7 @@ def test_cli_export_cnn_says_what_its_default_graph_trades(tmp_path):
     from stejax.cli import main
 
     art = pristine("w8a8", "cnn", regression=False)
-    result = CliRunner().invoke(main, ["export", "--format", "onnx", str(art.path), str(tmp_path / "m.onnx")])
+    result = CliRunner().invoke(main, ["export", "--format", "onnx", str(art.path), "--out", str(tmp_path / "m.onnx")])
     assert result.exit_code == 0, result.output
     text = " ".join(result.output.split())
     assert "QLinearConv x2" in text and "tolerance 5% of the largest |logit|" in text
@@ -355,7 +355,7 @@ def test_cli_export_cnn_says_what_its_default_graph_trades(tmp_path):
     assert f"ONNX Runtime on this machine (2 threads, a batch of {len(art.evidence.inputs)}):" in text
     assert "ms for this file" in text and "ms for the float32 graph" in text and "float's throughput" in text
     exact = CliRunner().invoke(
-        main, ["export", "--format", "onnx", "--conv", "integer", str(art.path), str(tmp_path / "e.onnx")]
+        main, ["export", "--format", "onnx", "--conv", "integer", str(art.path), "--out", str(tmp_path / "e.onnx")]
     )
     assert exact.exit_code == 0 and "ConvInteger x2" in exact.output and "bit for bit" in exact.output
 

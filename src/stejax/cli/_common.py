@@ -169,9 +169,10 @@ def progress_bar(console: Console, *, rate: bool = False) -> Progress:
 
 
 # ----------------------------------------------------------------------------- deprecated spellings
-# A renamed option, or an option that became a positional argument, keeps its old spelling for one
-# release: hidden from --help, forwarded to the new parameter, with one line on stderr naming the new
-# spelling. The hidden parameter is named "_deprecated_<old>" (tests find every old spelling by it).
+# A renamed option, an option that became a positional argument, or a positional argument that became an
+# option keeps its old spelling for one release: hidden from --help, forwarded to the new parameter, with one
+# line on stderr naming the new spelling. The hidden parameter is named "_deprecated_<old>" (tests find every
+# old spelling by it).
 
 
 def deprecated_option(old: str, dest: str, *, required: bool | None = None, **attrs: Any) -> Callable[[F], F]:
@@ -189,8 +190,48 @@ def deprecated_option(old: str, dest: str, *, required: bool | None = None, **at
         @click.argument("run_dir", required=False, metavar="RUN", type=directory(exists=True))
         @deprecated_option("--run", "run_dir", required=True, type=directory(exists=True))
         def diagnose_command(run_dir: Path) -> None: ...
+
+    The other way round, an option that used to be a positional argument, is
+    :func:`deprecated_argument`.
     """
     hidden_name = "_deprecated_" + old.lstrip("-").replace("-", "_")
+    option = click.option(old, hidden_name, hidden=True, help=f"Deprecated: the old spelling of {dest}.", **attrs)
+    return _forwarding(old, hidden_name, dest, required=required, declare=option)
+
+
+def deprecated_argument(old: str, dest: str, *, required: bool | None = None, **attrs: Any) -> Callable[[F], F]:
+    """Keep the positional argument ``old`` (its metavar, ``"OUT"``) working for one release as the option ``dest``.
+
+    Put it where the argument was, among the command's arguments; ``attrs`` are the old argument's
+    ``click.argument`` arguments (its ``type``). The argument is left out of the usage line. When the user
+    gives it, its value goes to ``dest`` and stderr gets one line naming the option; giving both is a usage
+    error. The new option is declared ``required=False`` and the helper is given ``required=True``: with
+    neither spelling, click's "Missing option" error.
+
+    Example::
+
+        @click.command("export")
+        @click.argument("run_dir", metavar="RUN", type=directory(exists=True))
+        @deprecated_argument("OUT", "out", required=True, type=click.Path(path_type=Path))
+        @click.option("--out", type=click.Path(path_type=Path), default=None, help="What to write.")
+        def export_command(run_dir: Path, out: Path) -> None: ...
+    """
+    hidden_name = "_deprecated_" + old.lower()
+    argument = click.argument(hidden_name, cls=_UnlistedArgument, metavar=old, required=False, **attrs)
+    return _forwarding(old, hidden_name, dest, required=required, declare=argument)
+
+
+class _UnlistedArgument(click.Argument):
+    """A positional argument left out of the usage line (click cannot hide an argument): an old spelling."""
+
+    def get_usage_pieces(self, ctx: click.Context) -> list[str]:
+        return []
+
+
+def _forwarding(
+    old: str, hidden_name: str, dest: str, *, required: bool | None, declare: Callable[[Any], Any]
+) -> Callable[[F], F]:
+    """Declare the old spelling (``declare``) and forward its value to ``dest``, saying so on stderr."""
 
     def decorate(function: F) -> F:
         @functools.wraps(function)
@@ -203,18 +244,22 @@ def deprecated_option(old: str, dest: str, *, required: bool | None = None, **at
                 if ctx.get_parameter_source(dest) in _GIVEN:
                     raise click.UsageError(f"{old} is the old spelling of {new}; give {new} only.", ctx=ctx)
                 kwargs[dest] = value
-                now = f"the argument {new} ({_command_path(ctx)} {new})" if isinstance(target, click.Argument) else new
+                path = _command_path(ctx)
+                if isinstance(target, click.Argument):
+                    was, now = old, f"the argument {new} ({path} {new})"
+                elif old.startswith("-"):
+                    was, now = old, new
+                else:
+                    was, now = f"{old} as an argument", f"{new} {old}"
                 click.echo(
-                    f"Deprecated: {_command_path(ctx)} {old} is now {now}; the old spelling stops working "
-                    "in the next release.",
+                    f"Deprecated: {path} {was} is now {now}; the old spelling stops working in the next release.",
                     err=True,
                 )
             if required and kwargs.get(dest) is None:
                 raise click.MissingParameter(ctx=ctx, param=target)
             return function(*args, **kwargs)
 
-        option = click.option(old, hidden_name, hidden=True, help=f"Deprecated: the old spelling of {dest}.", **attrs)
-        return cast(F, option(forward))
+        return cast(F, declare(forward))
 
     return decorate
 

@@ -16,6 +16,7 @@ from rich.text import Text
 
 from stejax.cli._common import (
     artifact_dir_argument,
+    deprecated_argument,
     deprecated_option,
     directory,
     existing_file,
@@ -103,8 +104,14 @@ def _split_dtypes(text: str | None) -> tuple[str, ...] | None:
 
 @click.command("export", short_help="Export a run to an integer artifact or an ONNX file, checked.")
 @click.argument("run_dir", metavar="RUN_OR_ARTIFACT", type=directory(exists=True))
-@click.argument("out", metavar="OUT", required=False, type=click.Path(path_type=Path))
-@deprecated_option("--out", "out", required=True, type=directory())
+@deprecated_argument("OUT", "out", required=True, type=click.Path(path_type=Path))
+@click.option(
+    "--out",
+    type=click.Path(path_type=Path),
+    metavar="PATH",
+    default=None,
+    help="The artifact directory to write (with --format onnx: the ONNX file); it must not exist.",
+)
 @click.option("--parent", default=None, metavar="DIR|ID", help="The parent artifact (its directory or id).")
 @click.option(
     "--format",
@@ -112,7 +119,7 @@ def _split_dtypes(text: str | None) -> tuple[str, ...] | None:
     type=click.Choice(["artifact", "onnx"]),
     default="artifact",
     show_default=True,
-    help="artifact: OUT is a verified stejax artifact directory; onnx: OUT is an ONNX file for ONNX Runtime (QDQ).",
+    help="artifact: --out is a verified stejax artifact directory; onnx: --out is an ONNX file for ONNX Runtime (QDQ).",
 )
 @click.option(
     "--float",
@@ -146,15 +153,15 @@ def export_command(
     public_keys: tuple[Path, ...],
     conv: str | None,
 ) -> None:
-    """Export a trained QAT run to integer weights and write the artifact OUT.
+    """Export a trained QAT run to integer weights and write the artifact --out PATH.
 
     Weights become int8, int4 or int2 codes packed two or four to a byte, or
     binary codes packed eight to a byte, with float32 scales. The exported model
-    is compared with the fake-quantised one on the test split; OUT is written
-    (atomically) only when every prediction agrees and every logit is within
-    the stated bound.
+    is compared with the fake-quantised one on the test split; the artifact is
+    written (atomically) only when every prediction agrees and every logit is
+    within the stated bound.
 
-    With --format onnx, RUN_OR_ARTIFACT may also be a verified artifact, and OUT
+    With --format onnx, RUN_OR_ARTIFACT may also be a verified artifact, and PATH
     is an ONNX file (model.onnx) that ONNX Runtime runs on its integer kernels
     (a run is exported to an artifact first), written only after ONNX Runtime's
     logits on the artifact's test inputs agree with stejax's integer forward

@@ -15,6 +15,7 @@ from rich.text import Text
 from stejax.cli._common import (
     artifact_dir_argument,
     configuration_names,
+    deprecated_argument,
     deprecated_option,
     directory,
     guarded,
@@ -579,8 +580,14 @@ def compare_command(
 
 @lm_group.command("export", short_help="Export a run as an LM artifact or a GGUF file for llama.cpp.")
 @click.argument("run", metavar="RUN_OR_ARTIFACT", type=directory(exists=True))
-@click.argument("out", metavar="OUT", required=False, type=click.Path(path_type=Path))
-@deprecated_option("--out", "out", required=True, type=click.Path(path_type=Path))
+@deprecated_argument("OUT", "out", required=True, type=click.Path(path_type=Path))
+@click.option(
+    "--out",
+    type=click.Path(path_type=Path),
+    metavar="PATH",
+    default=None,
+    help="The LM artifact directory to write (with --format gguf: the GGUF file); it must not exist.",
+)
 @click.option(
     "--format",
     "format_",
@@ -598,11 +605,11 @@ def compare_command(
     "bits; Q4_0's inputs are blocks of 32, as a model trained with --input-block 32 quantises them).",
 )
 def export_command(run: Path, out: Path, format_: str, ternary: str) -> None:
-    """Pack RUN's weights at their bit width into the artifact OUT (safetensors, manifest, hashes).
+    """Pack RUN's weights at their bit width into the artifact --out PATH (safetensors, manifest, hashes).
 
     With --format gguf, write RUN_OR_ARTIFACT (a run or an LM artifact, whose
-    manifest is checked) as the GGUF file OUT, a llama that llama.cpp runs.
-    OUT must not exist: exports never overwrite.
+    manifest is checked) as the GGUF file PATH, a llama that llama.cpp runs.
+    PATH must not exist: exports never overwrite.
     """
     if format_ == "gguf":
         _export_gguf(run, out, ternary)
@@ -613,7 +620,7 @@ def export_command(run: Path, out: Path, format_: str, ternary: str) -> None:
     from stejax.lm._export import export_lm, predicted_size
 
     if out.exists():
-        raise click.BadParameter(f"{out} exists; artifacts are never overwritten.", param_hint="OUT")
+        raise click.BadParameter(f"{out} exists; artifacts are never overwritten.", param_hint="--out")
     if not (run / "config.json").is_file() or not (run / "params.safetensors").is_file():
         raise click.BadParameter(
             f"{run} has no config.json and params.safetensors; expected a run directory written by "

@@ -16,7 +16,7 @@ trained parameters to :func:`stejax.model.apply` and everything downstream of
 the functional model::
 
     python -m stejax.flax.example --layers --preset w4a4 --epochs 30 --out runs/nnx-w4a4
-    stejax export runs/nnx-w4a4 artifacts/nnx-w4a4   # the functional model's export path
+    stejax export runs/nnx-w4a4 --out artifacts/nnx-w4a4   # the functional model's export path
 
 which trains it (the ``stejax train`` CNN, 32 and 64 channels, no dropout, cosine
 schedule), prints the validation and test accuracy, checks that the functional

@@ -212,7 +212,7 @@ def load_source(source: str | os.PathLike, *, trusted_keys: Iterable[str | os.Pa
     if keys:
         raise ValueError(
             f"{root}: a run directory carries no signature; with trusted keys only a signed artifact is exported "
-            "(stejax export RUN ARTIFACT, then stejax artifact sign)."
+            "(stejax export RUN --out ARTIFACT, then stejax artifact sign)."
         )
     from stejax.export import export_run
 
