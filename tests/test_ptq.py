@@ -432,6 +432,10 @@ def test_quantize_ptq_refuses_an_unknown_method_and_no_batches():
         quantize_ptq(mlp, [Rule(weights=W4)], batches, method="awq")
     with pytest.raises(ValueError, match="batches gave no batch"):
         quantize_ptq(mlp, [Rule(weights=W4)], [])
+    with pytest.raises(ValueError, match=r"input_calibration must be one of \['absmax', 'percentile', 'mse'\]"):
+        quantize_ptq(mlp, [Rule(weights=W4)], batches, input_calibration="max")
+    with pytest.raises(TypeError, match=r"expected an nnx\.Module; got list"):
+        quantize_ptq([mlp], [Rule(weights=W4)], batches)
 
 
 def test_a_layer_whose_hessian_is_singular_is_named():

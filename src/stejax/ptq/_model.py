@@ -5,9 +5,11 @@ The rules decide, as for QAT, which sites are quantised and how;
 (so the matching is the same), then, for every matched ``nnx.Linear`` (or
 ``nnx.LinearGeneral`` with a matrix kernel) whose rule quantises its weights,
 gathers the layer's inputs over the calibration batches and rounds its kernel
-with GPTQ. The inputs of each layer are gathered through the model as it
-stands when the layer's turn comes, that is with the layers before it already
-rounded (the reference implementation's sequential order).
+with GPTQ. The inputs of each layer are gathered through the quantised model as
+it stands when the layer's turn comes, with the layers listed before it by
+:func:`stejax.flax.summary` already rounded: for a model whose modules are
+listed in the order they run (``nnx.Sequential``, attributes assigned in call
+order), the reference implementation's sequential order.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ if TYPE_CHECKING:
 __all__ = ["METHODS", "quantize_ptq"]
 
 METHODS = ("gptq", "rtn")
+INPUT_CALIBRATIONS = ("absmax", "percentile", "mse")  # as stejax.flax.calibrate
 
 
 def _grid_of(quant: Quant | None, where: str) -> int | None:
@@ -111,7 +114,7 @@ def quantize_ptq(
     Raises:
       TypeError: a model that is not an ``nnx.Module`` (and as
         :func:`stejax.flax.quantize_model` raises).
-      ValueError: an unknown method, no batch, a rule whose weight quantiser
+      ValueError: an unknown method or input calibration, no batch, a rule whose weight quantiser
         PTQ cannot fill (the message names the rule, the site and what is
         needed), a kernel that is not float32, or a Hessian GPTQ cannot invert
         (the message names the site).
@@ -135,6 +138,10 @@ def quantize_ptq(
 
     if method not in METHODS:
         raise ValueError(f"quantize_ptq: method must be one of {list(METHODS)}; got {method!r}.")
+    if input_calibration not in INPUT_CALIBRATIONS:
+        raise ValueError(
+            f"quantize_ptq: input_calibration must be one of {list(INPUT_CALIBRATIONS)}; got {input_calibration!r}."
+        )
     batches = [b if isinstance(b, tuple) else (b,) for b in batches]
     if not batches:
         raise ValueError("quantize_ptq: batches gave no batch.")
