@@ -1,6 +1,6 @@
 """A running service that trusts only named keys: untrusted candidates refused while the old model keeps serving.
 
-One server per module (``stejax serve --artifact A --trust-key ours.pub.pem``,
+One server per module (``stejax serve A --public-key ours.pub.pem``,
 with an admin token), serving a signed artifact. Each tampered candidate of
 :data:`signing_support.CASES` is refused by ``POST /admin/reload`` before the
 gate runs, with its reason, counted as ``stejax_reloads_total{outcome="untrusted"}``,

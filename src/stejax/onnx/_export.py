@@ -191,7 +191,7 @@ def load_source(source: str | os.PathLike, *, trusted_keys: Iterable[str | os.Pa
     :func:`stejax.artifacts.load_artifact` (every file re-hashed against the
     manifest, the manifest's own hash, the contract); with ``trusted_keys``, its
     signature is checked first (:func:`stejax.artifacts.verify_signature`), as
-    ``stejax serve --trust-key`` does. A run directory is exported
+    ``stejax serve --public-key`` does. A run directory is exported
     (:func:`stejax.export.export_run`, parity required) and saved as an artifact
     in a temporary directory, then loaded from there the same way; a run has no
     signature, so ``trusted_keys`` refuses it.

@@ -103,7 +103,7 @@ class ArtifactSource:
       gate: ``path -> report`` with ``passed`` and ``failures`` (default:
         :func:`stejax.artifacts.gate`).
       trusted_keys: PEM public keys; when given, only artifacts one of them
-        signed are served (``stejax serve --trust-key``).
+        signed are served (``stejax serve --public-key``).
     """
 
     def __init__(
