@@ -1,8 +1,13 @@
 """Post-training quantisation: GPTQ, AWQ, SmoothQuant and Hadamard rotations, for one layer or by rules.
 
-Each method takes a trained layer's weights and calibration inputs and returns
-weights on stejax's symmetric absmax integer grid (or transformed weights and
-inputs whose product is unchanged), with no training.
+Each method takes a trained linear layer's kernel ``(in, out)`` and calibration
+inputs and, with no training, returns the kernel on stejax's symmetric absmax
+integer grid (:func:`gptq`, :func:`awq`, :func:`round_to_nearest`) or a kernel
+and an input transform whose product is unchanged (:func:`smooth`,
+:func:`rotate_kernel` with :func:`rotate_inputs`). :func:`quantize_ptq` applies
+GPTQ to every linear layer that the rules of :func:`stejax.flax.quantize_model`
+quantise in a Flax NNX model; it needs the optional extra ``stejax[flax]``, the
+per-layer functions only JAX.
 """
 
 from stejax.ptq._awq import AWQResult as AWQResult
