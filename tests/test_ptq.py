@@ -443,3 +443,23 @@ def test_a_layer_whose_hessian_is_singular_is_named():
     batches = [b.at[:, 7].set(0.0) for b in batches]
     with pytest.raises(ValueError, match=r"gptq\('layers/0'\): the Hessian"):
         quantize_ptq(mlp, [Rule(weights=W4)], batches, damp=0.0)
+
+
+@pytest.mark.needs_cpu  # a subprocess
+def test_the_per_layer_methods_import_without_flax():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, importlib.abc\n"
+        "class Block(importlib.abc.MetaPathFinder):\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.partition('.')[0] == 'flax':\n"
+        "            raise ModuleNotFoundError(f'No module named {name!r}', name=name)\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "import jax.numpy as jnp, stejax.ptq\n"
+        "print(stejax.ptq.gptq(jnp.eye(4), jnp.eye(4), bits=4).codes[0].tolist())\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[7, 0, 0, 0]"
