@@ -6,7 +6,7 @@ Run from the repository root after the parts, which can run side by side:
     stejax vq compare --setups gradient --no-digits --workers 2 --out bench-out/vq-gradient
     stejax vq compare --setups wide-init --no-digits --workers 2 --out bench-out/vq-wide-init
     .venv/bin/python benchmarks/vq_merge.py bench-out/vq-reference bench-out/vq-gradient bench-out/vq-wide-init \\
-        --out bench-out/vq-compare --results docs/results --figures docs/img/vq --command "..."
+        --out bench-out/vq-compare --results docs/results --figures docs/img/vq
 
 The parts must share every setting but the grid (set-ups, codebook sizes, code dimensions, the digits check);
 the merged report has all their per-seed rows, the summary and MSE / FSQ recomputed, the targets judged on the
@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 from pathlib import Path
 
 from stejax.vq import CompareSettings, judge_targets, write_report
@@ -77,19 +76,30 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--results", default=None)
     parser.add_argument("--figures", default=None)
-    parser.add_argument("--command", required=True, help="The commands that produced the parts, for the file.")
+    parser.add_argument(
+        "--command",
+        default=None,
+        help="The commands that produced the parts, for the file (default: the parts' folders and this merge).",
+    )
     parser.add_argument("--date", default=None, help="When the parts started (ISO 8601).")
     parser.add_argument("--load-start", type=float, default=None, help="The load average when they started.")
     args = parser.parse_args()
     parts = [json.loads((Path(p) / "report.json").read_text()) for p in args.parts]
     report = merge(parts)
     write_report(report, args.out, figures_dir=args.figures)
+    if args.command is None:
+        args.command = (
+            f"stejax vq compare, one part per folder ({', '.join(args.parts)}), merged by "
+            f"python benchmarks/vq_merge.py {' '.join(args.parts)} --out {args.out}"
+        )
     if args.results:
         provenance = {}
         if args.date:
             provenance["date"] = args.date
         if args.load_start is not None:
-            provenance["load"] = {"start": args.load_start, "end": round(os.getloadavg()[0], 2)}
+            from stejax.bench._machine import load_average
+
+            provenance["load"] = {"start": args.load_start, "end": load_average()}
         record(report, Path(args.results) / "vq_compare.json", command=args.command, **provenance)
         if report["digits"]:
             record_digits(
