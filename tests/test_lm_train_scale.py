@@ -171,33 +171,46 @@ def test_resume_needs_a_run_directory():
 # ----------------------------------------------------------------------------- the 8-device mesh
 
 MESH_STEPS = 4
+# The runs on the mesh, by configuration: FSDP for every one (data parallel with split parameters), and the
+# replicated layout for float and ternary. w8a8's statistics are maxima, which no order of summation changes;
+# ternary's per-tensor absmean is a sum.
+MESH_RUNS = {"float": ("replicated", "sharded"), "w8a8_int8": ("sharded",), "w1.58a8_int8": ("replicated", "sharded")}
 
 
 def mesh_work(out: dict) -> None:
     """Run in the 8-device subprocess: one device against the mesh, replicated and FSDP, float and int8."""
-    from stejax.train import data_mesh
+    import jax.numpy as jnp
+
+    from stejax.train import data_mesh, param_shardings, place
 
     text = _stream(4, 8000)
     settings = TrainSettings(steps=MESH_STEPS, batch_size=8, learning_rate=3e-3, warmup=1, eval_every=2, eval_windows=8)
-    for config in ("float", "w1.58a8_int8"):
+    for config, modes in MESH_RUNS.items():
         model = quantize_lm(Transformer(TINY, rngs=nnx.Rngs(params=7)), config)
         runs = {"single": train_lm(model, text, text, settings, key=jax.random.key(3))}
-        for mode in ("replicated", "sharded"):
+        for mode in modes:
             runs[mode] = train_lm(
                 model, text, text, settings, key=jax.random.key(3), mesh=data_mesh(8), param_sharding=mode
             )
-        sharded_specs = [str(x.sharding.spec) for x in jax.tree.leaves(nnx.state(runs["sharded"].model, nnx.Param))]
         out[config] = {
             name: {
                 "train_loss": [r["train_loss"] for r in run.history],
                 "val_bpb": [r["val_bpb"] for r in run.history],
-                "params": [
-                    np.asarray(x).ravel()[:64].tolist() for x in jax.tree.leaves(nnx.state(run.model, nnx.Param))
-                ],
+                "params": [np.asarray(x).ravel()[:64].tolist() for x in _params(run.model)],
             }
             for name, run in runs.items()
         }
-        out[config]["sharded_specs"] = sharded_specs
+        out[config]["sharded_specs"] = [
+            str(x.sharding.spec) for x in jax.tree.leaves(nnx.state(runs["sharded"].model, nnx.Param))
+        ]
+    # The ternary scale of the model's kernels split over the mesh: the same mean, summed in another order.
+    absmean = jax.jit(lambda w: jnp.mean(jnp.abs(w)))
+    out["absmean"] = []
+    for _, module in nnx.iter_modules(Transformer(TINY, rngs=nnx.Rngs(params=7))):
+        if isinstance(module, nnx.Linear):
+            kernel = np.asarray(module.kernel[...])
+            split = place(kernel, param_shardings(kernel, data_mesh(8), "sharded"))
+            out["absmean"].append([float(absmean(kernel)), float(absmean(split)), kernel.size])
 
 
 @pytest.fixture(scope="module")
@@ -208,20 +221,32 @@ def mesh_runs() -> dict:
 
 
 @pytest.mark.needs_cpu("the 8-CPU-device mesh (a subprocess with XLA's host device count)")
-@pytest.mark.parametrize("config", ["float", "w1.58a8_int8"])
-@pytest.mark.parametrize("mode", ["replicated", "sharded"])
+@pytest.mark.parametrize(("config", "mode"), [(config, mode) for config, modes in MESH_RUNS.items() for mode in modes])
 def test_the_mesh_gives_the_one_device_run(mesh_runs, config, mode):
     runs = mesh_runs[config]
-    # The same batches and updates; only the order of the sums over devices differs (float32): the gradient's
-    # mean over the batch, and, with FSDP, the ternary quantiser's per-tensor absmean over a split kernel. A
-    # scale one rounding away moves the few weights at a rounding threshold to the next code, so the ternary
-    # FSDP run may differ by a fraction of one update (the peak rate is 3e-3) in those weights.
-    loose = config == "w1.58a8_int8" and mode == "sharded"
-    rtol, atol = (2e-4, 3e-3) if loose else (1e-5, 1e-5)
-    np.testing.assert_allclose(runs[mode]["train_loss"], runs["single"]["train_loss"], rtol=rtol)
-    np.testing.assert_allclose(runs[mode]["val_bpb"], runs["single"]["val_bpb"], rtol=rtol)
+    if (config, mode) == ("w1.58a8_int8", "sharded"):
+        # The per-tensor absmean of a split kernel is summed in another order and comes out a float32 rounding
+        # or two away (the next test); every dequantised weight moves with the scale, and the int8 activation
+        # quantisers downstream round some of their inputs to the neighbouring code, a whole step of their
+        # grid. So this run is another run of the same recipe: it must train as the one-device run does, not
+        # equal it.
+        np.testing.assert_allclose(runs[mode]["train_loss"], runs["single"]["train_loss"], rtol=1e-2)
+        np.testing.assert_allclose(runs[mode]["val_bpb"], runs["single"]["val_bpb"], rtol=1e-2)
+        assert runs[mode]["train_loss"][-1] < runs[mode]["train_loss"][0]
+        return
+    # The same batches and updates; only the order of the gradient's sums over devices differs (float32).
+    np.testing.assert_allclose(runs[mode]["train_loss"], runs["single"]["train_loss"], rtol=1e-5)
+    np.testing.assert_allclose(runs[mode]["val_bpb"], runs["single"]["val_bpb"], rtol=1e-5)
     for a, b in zip(runs[mode]["params"], runs["single"]["params"], strict=True):
-        np.testing.assert_allclose(a, b, rtol=0, atol=atol)
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)
+
+
+@pytest.mark.needs_cpu("the 8-CPU-device mesh (a subprocess with XLA's host device count)")
+def test_a_split_kernels_ternary_scale_differs_only_in_float32_rounding(mesh_runs):
+    # Two orders of one float32 sum of n non-negative terms differ by at most about 2 n eps of the sum (the
+    # recursive-summation bound, twice): a statistic computed per shard instead would be off by percents.
+    for single, sharded, n in mesh_runs["absmean"]:
+        assert abs(sharded - single) <= 2 * n * np.finfo(np.float32).eps * single
 
 
 @pytest.mark.needs_cpu("the 8-CPU-device mesh (a subprocess with XLA's host device count)")
