@@ -533,12 +533,11 @@ class _Checkpoints:
             return None
         meta = self._manager.restore(t, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
         saved = dict(meta["settings"])
-        changed = sorted(k for k in self._settings if k != "steps" and saved.get(k) != self._settings[k])
-        if changed or saved.get("steps") != self._settings["steps"]:
-            what = changed or ["steps"]
+        changed = sorted(k for k in self._settings if saved.get(k) != self._settings[k])
+        if changed:
             raise ValueError(
                 f"train_lm: the checkpoint at step {t} in {self._manager.directory} was made with other settings "
-                f"({', '.join(f'{k}: {saved.get(k)!r}, now {self._settings[k]!r}' for k in what)}); expected the "
+                f"({', '.join(f'{k}: {saved.get(k)!r}, now {self._settings[k]!r}' for k in changed)}); expected the "
                 "settings of the run it continues."
             )
         target = {"params": params, "opt_state": opt_state, "key": jax.random.key_data(key)}
