@@ -111,7 +111,12 @@ def deployed_bytes(model_config: Any, config: str, dtype_bytes: int = 2) -> int:
 
 
 def _train_one(
-    part: dict[str, Any], corpus: Any, product: str, precision: str, export: Path | None = None
+    part: dict[str, Any],
+    corpus: Any,
+    product: str,
+    precision: str,
+    export: Path | None = None,
+    checkpoints: Path | None = None,
 ) -> dict[str, Any]:
     import jax
     import numpy as np
@@ -136,7 +141,7 @@ def _train_one(
     init_seed = int(jax.random.randint(keys.consume(k_init, where="init"), (), 0, 2**31 - 1))
     model: nnx.Module = Transformer(model_config, rngs=nnx.Rngs(params=init_seed))
 
-    def settings(config: str, n: int, rate: float) -> Any:
+    def settings(config: str, n: int, rate: float, checkpoint: bool = False) -> Any:
         return TrainSettings(
             steps=n,
             batch_size=BATCH,
@@ -145,6 +150,7 @@ def _train_one(
             eval_every=max(1, n // 10),
             eval_windows=256,
             compute_dtype=precision,
+            checkpoint_every=max(1, n // 10) if checkpoint else None,
             **_recipe(config),
         )
 
@@ -170,12 +176,36 @@ def _train_one(
         result = train_lm(
             model, train, validation, settings(part["config"], steps - first, part["learning_rate"]), key=k_quant
         )
+    elif checkpoints is not None:
+        # Checkpointed every tenth of the run: a part stopped at a command's time limit continues where its last
+        # checkpoint left it (the same parameters as without the stop). The history is the run's metrics.jsonl,
+        # the seconds are summed over the commands, the step time is the last command's median.
+        if part["config"] != "float":
+            model = quantised(model, part["config"])
+        out = checkpoints / part["part"]
+        spent_file = out / "seconds_before.json"
+        before = json.loads(spent_file.read_text())["seconds"] if spent_file.exists() else 0.0
+        resumed = (out / "checkpoints").exists()
+        result = train_lm(
+            model,
+            train,
+            validation,
+            settings(part["config"], steps, part["learning_rate"], checkpoint=True),
+            key=k_train,
+            out_dir=out,
+            resume=True,
+        )
+        history += [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line]
+        step_ms += list(result.step_ms)
+        tic -= before
+        part = {**part, "resumed": resumed}
     else:
         if part["config"] != "float":
             model = quantised(model, part["config"])
         result = train_lm(model, train, validation, settings(part["config"], steps, part["learning_rate"]), key=k_train)
-    history += list(result.history)
-    step_ms += list(result.step_ms)
+    if checkpoints is None or part["warm"]:
+        history += list(result.history)
+        step_ms += list(result.step_ms)
     seconds = time.perf_counter() - tic
     artifact = None
     if export is not None and part["config"] != "float" and not part["sweep"]:
@@ -248,7 +278,12 @@ def run(args: argparse.Namespace) -> None:
         if not part["sweep"]:
             part["learning_rate"], part["rate_from"] = chosen_rate(_logged(args.log), part["size"], part["config"])
             part["float_rate"] = chosen_rate(_logged(args.log), part["size"], "float")[0]
-        record = _train_one(part, corpus, args.product, args.precision, args.export)
+        try:
+            record = _train_one(part, corpus, args.product, args.precision, args.export, args.checkpoints)
+        except KeyboardInterrupt:
+            if args.checkpoints is not None:
+                _keep_seconds(args.checkpoints / name)
+            raise
         with open(args.log, "a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")
         print(
@@ -256,6 +291,20 @@ def run(args: argparse.Namespace) -> None:
             f"{record['train_seconds']:.0f} s, step {record['step_ms_median']:.1f} ms",
             flush=True,
         )
+
+
+def _keep_seconds(out: Path) -> None:
+    """Add the stopped command's training seconds (its metrics' last evaluation) to the part's running total."""
+    metrics, spent = out / "metrics.jsonl", out / "seconds_before.json"
+    if not metrics.exists():
+        return
+    lines = [json.loads(line) for line in metrics.read_text().splitlines() if line]
+    before = json.loads(spent.read_text())["seconds"] if spent.exists() else 0.0
+    # Only the evaluations this command made carry its own clock; the earlier ones were counted before.
+    counted = json.loads(spent.read_text()).get("step", 0) if spent.exists() else 0
+    mine = [r for r in lines if r["step"] > counted]
+    if mine:
+        spent.write_text(json.dumps({"seconds": before + mine[-1]["seconds"], "step": mine[-1]["step"]}))
 
 
 def _machine_line() -> str:
@@ -564,6 +613,12 @@ def main(argv: list[str] | None = None) -> None:
     p_run.add_argument("--part", action="append", required=True)
     p_run.add_argument("--product", default="int8", choices=("fake-quant", "int8-forward", "int8"))
     p_run.add_argument("--precision", default="bfloat16", choices=("float32", "bfloat16"))
+    p_run.add_argument(
+        "--checkpoints",
+        type=Path,
+        default=None,
+        help="checkpoint each part here every tenth of its run, and continue a stopped part from its last one",
+    )
     p_run.add_argument(
         "--export", type=Path, default=None, help="write each quantised run's packed artifact in this folder"
     )

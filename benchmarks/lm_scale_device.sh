@@ -7,6 +7,8 @@
 # machine's own package index for flax, optax and orbax-checkpoint. The log starts from the committed one
 # (benchmarks/logs/lm_scale_tpu.jsonl, so the rate sweep is read) and comes back as $OUT/lm_scale.jsonl with
 # every quantised run's packed artifact in $OUT/art (checked in llama.cpp on a CPU with `lm_scale.py llamacpp`).
+# Each part is checkpointed every tenth of its run in /tmp/lm/ckpt: a part stopped at the limit continues from
+# there when the same command runs again on the still-warm machine.
 # Then, on the CPU machine: append the new lines to benchmarks/logs/lm_scale_tpu.jsonl and run the merge.
 set -euo pipefail
 : "${OUT:?set OUT to the folder that comes back}"
@@ -29,7 +31,7 @@ args=()
 for part in $PARTS; do args+=(--part "$part"); done
 left=$(( LIMIT - ($(date +%s) - start) ))
 timeout -s INT "$left" python3 benchmarks/lm_scale.py run --corpus /tmp/corpus --log /tmp/lm/lm_scale.jsonl \
-  --export /tmp/lm/art "${args[@]}" || echo "stopped at the limit: the finished parts are logged"
+  --export /tmp/lm/art --checkpoints /tmp/lm/ckpt "${args[@]}" || echo "stopped at the limit: the finished parts are logged"
 cp /tmp/lm/lm_scale.jsonl "$OUT/"
 [ -d /tmp/lm/art ] && cp -r /tmp/lm/art "$OUT/"
 echo "done in $(( $(date +%s) - start )) s"
