@@ -421,6 +421,11 @@ def merge(args: argparse.Namespace) -> None:
             r["size"] = r["size"] if r["model"]["tied"] else f"{r['size']} (untied head)"
     refs = logged.pop("references", None)
     parity = {k: logged.pop(k) for k in [k for k in logged if k.startswith("llamacpp-")]}
+    if not args.conditions:
+        # Grid runs that carry no conditions of their own were measured at an older tree (their conditions file
+        # describes them): without that file they stay in the log and out of the results. The rate sweep stays in.
+        for k in [k for k, r in logged.items() if not r["sweep"] and "conditions" not in r]:
+            logged.pop(k)
     if refs is None:
         sys.exit("merge: the logs hold no references part; run `lm_scale.py references` first.")
     shas = {json.dumps(r["corpus_sha256"], sort_keys=True) for r in [*logged.values(), refs]}
@@ -549,13 +554,17 @@ def merge(args: argparse.Namespace) -> None:
             "sha256 "
             + ", ".join(f"{split} {sha[:12]}" for split, sha in refs["corpus_sha256"].items())
             + f" (references computed on {refs.get('machine', 'the merging machine')})."
+            + ("" if not args.note else " " + args.note)
         ),
     )
-    if first is not None and first.get("older"):
+    older = args.older or (first or {}).get("older")
+    if first is not None and first["commit"].get("uncommitted_changes") and not older:
+        sys.exit("merge: the runs' tree had uncommitted changes; say what they were with --older.")
+    if older:
         # Not measured at a committed tree: the file says so, and pages mark its figures older.
         path = Path(args.results) / "lm_scale.json"
         doc = json.loads(path.read_text("utf-8"))
-        doc["older"] = first["older"]
+        doc["older"] = older
         path.write_text(json.dumps(doc, indent=1, ensure_ascii=False) + "\n", "utf-8")
     print(f"wrote {Path(args.results) / 'lm_scale.json'} ({len(rows)} rows)")
     if args.plot:
@@ -633,6 +642,10 @@ def main(argv: list[str] | None = None) -> None:
     p_merge = sub.add_parser("merge", help="write RESULTS/lm_scale.json from the logs")
     p_merge.add_argument("--log", action="append", required=True)
     p_merge.add_argument("--results", required=True)
+    p_merge.add_argument(
+        "--older", default=None, help="why the runs' tree is not a commit (required when it had local changes)"
+    )
+    p_merge.add_argument("--note", default=None, help="a sentence added to the results file's notes")
     p_merge.add_argument("--plot", default=None, help="also write the plot here (docs/img/lm_scale.png)")
     p_merge.add_argument(
         "--conditions", default=None, help="a JSON file of the runs' commit, date, machine and load (older logs)"

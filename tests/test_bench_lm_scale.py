@@ -82,7 +82,16 @@ def _run(part: str, config: str, bpb: float, sha: str = "x") -> dict:
         "sweep": False,
         "model": {"tied": True},
         "corpus_sha256": {"train": sha},
+        "conditions": _CONDITIONS,
     }
+
+
+_CONDITIONS = {
+    "commit": {"id": "abc1234def56", "uncommitted_changes": False},
+    "date": "2026-12-07T00:00:00+00:00",
+    "machine": {"cpu": "not available", "cores": 13, "device": "TPU v5 lite", "jax": "0.10.2", "jaxlib": "0.10.2"},
+    "load": {"start": None, "end": None, "note": "not available"},
+}
 
 
 def test_merge_writes_the_gaps_against_float_and_refuses_two_corpora(tmp_path):
@@ -95,7 +104,8 @@ def test_merge_writes_the_gaps_against_float_and_refuses_two_corpora(tmp_path):
         refs | {"corpus_sha256": {"train": "x"}},
     ]
     log.write_text("".join(json.dumps(x) + "\n" for x in lines))
-    args = type("A", (), {"log": [str(log)], "results": str(tmp_path / "r"), "plot": None, "conditions": None})
+    fields = {"log": [str(log)], "results": str(tmp_path / "r"), "plot": None, "conditions": None}
+    args = type("A", (), fields | {"note": None, "older": None})
     grid.merge(args)
     doc = load_results(tmp_path / "r" / "lm_scale.json")
     gap = doc["figures"]["w1_58a8_25M_gap"]
@@ -114,3 +124,24 @@ def test_merge_writes_the_gaps_against_float_and_refuses_two_corpora(tmp_path):
     log.write_text("".join(json.dumps(x) + "\n" for x in lines))
     with pytest.raises(SystemExit, match="2 different corpora"):
         grid.merge(args)
+
+
+def test_merge_leaves_out_runs_without_conditions_and_needs_older_for_a_changed_tree(tmp_path):
+    grid = _grid()
+    log = tmp_path / "log.jsonl"
+    refs = {"part": "references", "references": {"xz": {"bpb": 1.4}}, "scored_bytes": 2 << 20}
+    old = {k: v for k, v in _run("25M-w8a8-s0", "w8a8", 1.01).items() if k != "conditions"}
+    lines = [_run("25M-float-s0", "float", 1.00), old, refs | {"corpus_sha256": {"train": "x"}}]
+    log.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    fields = {"log": [str(log)], "results": str(tmp_path / "r"), "plot": None, "conditions": None, "note": "N."}
+    grid.merge(type("A", (), fields | {"older": None}))
+    doc = load_results(tmp_path / "r" / "lm_scale.json")
+    assert [r["config"] for r in doc["rows"]] == ["float"]  # the run of an older tree stays in the log only
+    assert "w8a8_25M_gap" not in doc["figures"] and doc["notes"].endswith(" N.")
+
+    lines[0] = lines[0] | {"conditions": _CONDITIONS | {"commit": {"id": "abc1234def56", "uncommitted_changes": True}}}
+    log.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    with pytest.raises(SystemExit, match="uncommitted changes"):
+        grid.merge(type("A", (), fields | {"older": None}))
+    grid.merge(type("A", (), fields | {"older": "Measured at abc1234 plus a local change."}))
+    assert load_results(tmp_path / "r" / "lm_scale.json")["older"] == "Measured at abc1234 plus a local change."
