@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from stejax.export import ExportedModel, ExportResult, ParitySet, _safetensors
+from stejax.export import ExportedModel, ExportResult, ParitySet, _safetensors, quantisation_method
 from stejax.export._configs import model_config_from_dict
 from stejax.export._convert import layer_specs
 from stejax.export._export import WEIGHTS_FORMAT, encode_evidence
@@ -84,6 +84,15 @@ class Artifact:
     @property
     def short_id(self) -> str:
         return self.id[:12]
+
+    @property
+    def method(self) -> str:
+        """How the quantised weights came to be: ``"qat"``, ``"float"`` or a PTQ method (``"gptq"``...).
+
+        As :func:`stejax.export.quantisation_method` reads the manifest (``"qat"``
+        or ``"float"`` for one written before the method was recorded).
+        """
+        return quantisation_method(self.manifest["quantization"])
 
     def file_bytes(self) -> dict[str, int]:
         """Every file under the artifact's directory and its size in bytes, by path relative to it.
@@ -430,6 +439,7 @@ def _layers_from_manifest(manifest: dict[str, Any], where: Path) -> tuple[tuple[
             raise ValueError(
                 f"quantization.qat is named {qat.name!r} but quantization.preset is {quantization['preset']!r}"
             )
+        quantisation_method(quantization)  # a recorded method must be a known one
         input_shape = tuple(int(v) for v in contract["input"]["shape"])
         n_classes = int(contract["output"]["n_classes"])
     except (KeyError, TypeError, ValueError) as e:

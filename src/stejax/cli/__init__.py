@@ -9,6 +9,7 @@ module                        commands
 ============================  =====================================================
 :mod:`stejax.cli.catalog`     ``list``, ``show``, ``verify``
 :mod:`stejax.cli.training`    ``train``, ``compare``, ``demo``
+:mod:`stejax.cli.ptq`         ``ptq``
 :mod:`stejax.cli.artifacts`   ``export``, ``artifact ...``, ``regress ...``
 :mod:`stejax.cli.serve`       ``serve``
 :mod:`stejax.cli.bench`       ``bench``, ``diagnose``
@@ -36,7 +37,7 @@ from __future__ import annotations
 
 import click
 
-from stejax.cli import artifacts, bench, catalog, lm, serve, snn, training, vq
+from stejax.cli import artifacts, bench, catalog, lm, ptq, serve, snn, training, vq
 from stejax.cli._common import StejaxGroup
 
 __all__ = ["main"]
@@ -68,7 +69,7 @@ def main(compile_cache: bool) -> None:
 # The commands by task, in the order `stejax --help` lists them.
 _SECTIONS: dict[str, tuple[click.Command, ...]] = {
     "Estimators": (catalog.list_command, catalog.show, catalog.verify_command),
-    "Training": (training.train_command, training.compare_command),
+    "Training": (training.train_command, training.compare_command, ptq.ptq_command),
     "Artifacts and serving": (
         artifacts.export_command,
         artifacts.artifact_group,

@@ -89,6 +89,14 @@ def _checks_table(title: str, checks: Iterable[Any]) -> Table:
     return table
 
 
+def _method_line(method: str, quantization: dict) -> str:
+    """How the weights were quantised, in words: ``gptq, 512 training rows, seed 0``."""
+    calibration = quantization.get("calibration")
+    if not isinstance(calibration, dict):
+        return {"qat": "qat (trained through the quantisers)", "float": "nothing (float)"}.get(method, method)
+    return f"{method}, {calibration.get('rows')} {calibration.get('split')} rows, seed {calibration.get('seed')}"
+
+
 def _dtypes_option(function):
     return click.option(
         "--estimator-dtypes",
@@ -310,6 +318,7 @@ def artifact_verify(artifact_dir: Path, public_keys: tuple[Path, ...], roots: tu
     describe = quant["describe"]
     what = describe if describe.startswith(f"{quant['preset']}:") else f"{quant['preset']}: {describe}"
     console.print(Text(f"verified: {artifact.id} ({what.rstrip('.')})"))
+    console.print(Text(f"quantised by: {_method_line(artifact.method, quant)}"))
     if signature is not None:
         console.print(Text(f"signature: {signature.summary()}"))
     elif (artifact_dir / "model.sig").exists():

@@ -15,10 +15,12 @@ a reader that takes the tensors one by one. Needs the optional extra
 from stejax.export._convert import ExportError as ExportError
 from stejax.export._convert import export_model as export_model
 from stejax.export._convert import layer_specs as layer_specs
+from stejax.export._export import QUANTISATION_METHODS as QUANTISATION_METHODS
 from stejax.export._export import ExportResult as ExportResult
 from stejax.export._export import ParityError as ParityError
 from stejax.export._export import encode_weights as encode_weights
 from stejax.export._export import export_run as export_run
+from stejax.export._export import quantisation_method as quantisation_method
 from stejax.export._model import ExportedModel as ExportedModel
 from stejax.export._model import InputFormat as InputFormat
 from stejax.export._model import LayerSpec as LayerSpec

@@ -16,11 +16,22 @@ from stejax.export._convert import export_model
 from stejax.export._model import ExportedModel, flatten_weights
 from stejax.export._parity import ParityReport, ParitySet, parity
 from stejax.export._size import SizeReport, size_report
-from stejax.model import input_contract, output_contract
+from stejax.model import LayerQuant, input_contract, output_contract
 
-__all__ = ["WEIGHTS_FORMAT", "ExportResult", "ParityError", "encode_evidence", "encode_weights", "export_run"]
+__all__ = [
+    "QUANTISATION_METHODS",
+    "WEIGHTS_FORMAT",
+    "ExportResult",
+    "ParityError",
+    "encode_evidence",
+    "encode_weights",
+    "export_run",
+    "quantisation_method",
+]
 
 WEIGHTS_FORMAT = "stejax-exported-weights/1"
+# How a run's quantised weights came to be: no quantisation, training through the quantisers, or a PTQ method.
+QUANTISATION_METHODS = ("float", "qat", "rtn", "gptq", "awq", "smoothquant")
 
 
 class ParityError(ValueError):
@@ -43,7 +54,10 @@ class ExportResult:
       weights_file: the weight file's bytes (safetensors).
       contract: the model contract: input and output contracts, the model config,
         the layers and every stored tensor.
-      quantization: the QAT preset, its description and each layer's formats.
+      quantization: the QAT preset, its description, each layer's formats, and
+        ``method``, how the quantised weights came to be (one of
+        :data:`QUANTISATION_METHODS`); for a PTQ run also ``calibration`` (the
+        split, rows, seed and sha256 of the row indices) and ``options``.
       training: the run's test metrics, its best epoch's record, recipe and data.
     """
 
@@ -96,6 +110,27 @@ def model_contract(model: ExportedModel, model_config_dict: dict[str, Any], inpu
     }
 
 
+def quantisation_method(quantization: dict[str, Any]) -> str:
+    """The ``method`` of a manifest's ``quantization``; an older manifest without one: ``"qat"``, or ``"float"``.
+
+    An artifact written before the method was recorded came from a run of
+    ``stejax train``: a QAT run, or a float run when its preset is ``"float"``.
+
+    Raises:
+      ValueError: a recorded method that is not one of :data:`QUANTISATION_METHODS`.
+
+    Example:
+      >>> quantisation_method({"preset": "w4a4", "method": "gptq"}), quantisation_method({"preset": "w4a4"})
+      ('gptq', 'qat')
+    """
+    if "method" in quantization:
+        method = quantization["method"]
+        if method not in QUANTISATION_METHODS:
+            raise ValueError(f"quantization.method is {method!r}; expected one of {list(QUANTISATION_METHODS)}")
+        return method
+    return "float" if quantization.get("preset") == "float" else "qat"
+
+
 def export_run(
     run_dir: str | os.PathLike, *, splits: Splits | None = None, require_parity: bool = True
 ) -> ExportResult:
@@ -122,6 +157,7 @@ def export_run(
       ValueError: the default data does not match the run's (pass ``splits``), or
         the run was trained with integer products (``TrainConfig.product``).
     """
+    from stejax.ptq import read_ptq_record
     from stejax.train import load_run, load_splits
 
     run = load_run(run_dir)
@@ -175,6 +211,12 @@ def export_run(
             for i, layer in enumerate(model.layers)
         ],
     }
+    ptq = read_ptq_record(run_dir)
+    if ptq is not None:
+        quantization.update(method=ptq["method"], calibration=ptq["calibration"], options=ptq["options"])
+    else:
+        quantised = any(run.qat_config.layer(i, n) != LayerQuant() for i in range(n))
+        quantization["method"] = "qat" if quantised else "float"
     best = next((r for r in run.metrics if r.get("epoch") == run.report.get("best_epoch")), None)
     training = {
         "report": run.report,

@@ -70,6 +70,7 @@ def awq(
     bits: int,
     group: int | None = None,
     n_grid: int = 20,
+    mean_abs: ArrayLike | None = None,
     name: str = "kernel",
 ) -> AWQResult:
     r"""AWQ for one linear layer: the exponent :math:`\alpha`, its channel scales and the scaled kernel on the grid.
@@ -96,6 +97,11 @@ def awq(
       bits: the code width, an int in [2, 8].
       group: one grid scale per this many input features, or None (per channel).
       n_grid: the number of exponents tried (>= 1).
+      mean_abs: ``(in,)``, the :math:`\bar a_j` to scale by, or None (default)
+        for the mean :math:`|x_j|` of ``inputs``. Features whose scale must be
+        shared (the rows of a convolution kernel that read one input channel,
+        whose :math:`1/s` is folded into the one channel that produces them)
+        are given equal values; the scales are then equal too.
       name: the layer's name, for error messages.
 
     Returns:
@@ -127,10 +133,16 @@ def awq(
     if isinstance(n_grid, bool) or not isinstance(n_grid, int) or n_grid < 1:
         raise ValueError(f"{where}: n_grid must be a positive int; got {n_grid!r}.")
     x = x.reshape(-1, x.shape[-1]).astype(jnp.float32)
+    if mean_abs is None:
+        a = jnp.mean(jnp.abs(x), axis=0)
+    else:
+        a = jnp.asarray(mean_abs, jnp.float32)
+        if a.shape != (w.shape[0],):
+            raise ValueError(f"{where}: mean_abs must be ({w.shape[0]},); got {tuple(a.shape)}.")
     alphas = jnp.linspace(0.0, 1.0, n_grid, dtype=jnp.float32)
-    losses = _losses(w, x, alphas, bits=bits, group=group)
+    losses = _losses(w, x, a, alphas, bits=bits, group=group)
     best = int(jnp.argmin(losses))
-    s = _awq_scales(jnp.mean(jnp.abs(x), axis=0), alphas[best])
+    s = _awq_scales(a, alphas[best])
     codes, scales = _quantise(w * s[:, None], bits=bits, group=group)
     return AWQResult(
         float(alphas[best]), s, codes.astype(jnp.int8), scales, codes * _expand(scales, w.shape[0]), losses
@@ -146,8 +158,9 @@ def _quantise(w: jax.Array, *, bits: int, group: int | None) -> tuple[jax.Array,
 
 
 @functools.partial(jax.jit, static_argnames=("bits", "group"))
-def _losses(w: jax.Array, x: jax.Array, alphas: jax.Array, *, bits: int, group: int | None) -> jax.Array:
-    mean_abs = jnp.mean(jnp.abs(x), axis=0)
+def _losses(
+    w: jax.Array, x: jax.Array, mean_abs: jax.Array, alphas: jax.Array, *, bits: int, group: int | None
+) -> jax.Array:
     y = jnp.matmul(x, w, precision=_HIGHEST)
 
     def loss(alpha):
