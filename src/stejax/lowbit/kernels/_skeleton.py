@@ -1,4 +1,4 @@
-r"""What the low-bit product kernels share: their block sizes, the rule those obey, and the kernel-or-XLA choice.
+r"""What the low-bit product kernels share: the accumulator, block sizes and their rule, the kernel-or-XLA choice.
 
 The kernels (:mod:`stejax.lowbit.kernels._int8`, :mod:`stejax.lowbit.kernels._ternary`,
 :mod:`stejax.lowbit.kernels._grouped`) multiply a few rows of int8 input codes by a
@@ -11,6 +11,11 @@ The TPU rule for a block: its last two dimensions are multiples of 8 and 128,
 or equal the whole array's. The weight block is ``(block_k, block_n)`` and the
 input block's last dimension is ``block_k``, so both must be multiples of 128
 or the whole dimension. :class:`Blocks` checks it and says which value broke it.
+
+Each kernel keeps an int32 accumulator in VMEM for its block of output columns: :func:`zero_accumulator` at the
+first step of the contraction, :func:`write_accumulator` (or a kernel's own epilogue under :func:`last_step`) at
+the last. The packed codes are unpacked by :func:`stejax.lowbit._packing.unpack_slices`, the inverse of the one
+packer :func:`stejax.lowbit.pack_groups`.
 
 Decoding sits far below the ridge of the MXU: its floor is the weights' bytes
 over the HBM bandwidth, so blocks are chosen large (fewer grid steps, each of
