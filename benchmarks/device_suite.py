@@ -38,14 +38,14 @@ MODULES = (
     "tests/test_latent.py",
     "tests/test_snn.py",
     "tests/test_vq.py",
-    "tests/test_products.py",
-    "tests/test_int_products.py",
+    "tests/test_lowbit_matmul.py",
+    "tests/test_lowbit_products.py",
     "tests/test_verify.py",
     "tests/test_verify_broken.py",
     "tests/test_flax_rules.py",
     "tests/test_lm.py",
     "tests/test_lm_decode.py",
-    "tests/test_lm_kernels.py",
+    "tests/test_lowbit_kernels.py",
 )
 # Without xdist (one process holds the chip) and without the run's extra options for it.
 PYTEST_ARGS = ("-p", "no:xdist", "-p", "no:cacheprovider", "-o", "addopts=-ra --strict-markers --import-mode=importlib")

@@ -33,7 +33,7 @@ case "$SET" in
   kernels)
     echo "=== kernels compiled on the chip $(date -u +%T)"
     timeout 120 python3 -m pytest -q -o addopts="" -o filterwarnings="ignore::UserWarning" --import-mode=importlib \
-      -p no:cacheprovider tests/test_lm_kernels.py -k compiled 2>&1 | tail -15
+      -p no:cacheprovider tests/test_lowbit_kernels.py -k compiled 2>&1 | tail -15
     parts=(
       "185|--model 1B --forms bfloat16,ternary-2bit@pallas --batches 1 --tokens 64"
       "150|--model 1B --forms int8@pallas --batches 1 --tokens 64"

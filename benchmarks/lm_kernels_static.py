@@ -11,11 +11,11 @@ in microseconds at the chip's clock. The variants of a form:
 - ``separate``: the product kernel (``method="mxu"``) with the input's int8 quantisation and the rescale as XLA
   operations around it;
 - ``fused``: the layer's kernel path, one Pallas call that quantises the float input, multiplies and rescales
-  (:mod:`stejax.lm._kernel_fused`; for int4 weights it also arranges the input codes by group in VMEM);
+  (:mod:`stejax.lowbit.kernels._fused`; for int4 weights it also arranges the input codes by group in VMEM);
 - ``fused, q/k/v and gate/up concatenated``: the fused kernel over the products that share an input taken as one
   (``2048 x 6144`` and ``2048 x 11264``), four calls a block instead of seven (an estimate of that layout; the
   model keeps its seven products);
-- ``vpu``: the vector-unit kernels (:func:`stejax.lm._lowbit.with_kernel_method`), with the XLA operations around
+- ``vpu``: the vector-unit kernels (:func:`stejax.lowbit.nnx.with_kernel_method`), with the XLA operations around
   them.
 
 Nothing runs and nothing is timed: these are the compiler's schedule, which models issue slots and DMA but not
@@ -82,11 +82,11 @@ def main() -> None:
     from jax.sharding import SingleDeviceSharding
 
     from stejax.lm import LowBitLinear
-    from stejax.lm._kernel_fused import quantise_rows, rescale
-    from stejax.lm._kernel_int4 import grouped_sum
-    from stejax.lm._kernel_int8 import int8_accumulate
-    from stejax.lm._kernel_ternary import ternary_accumulate
-    from stejax.lm._lowbit import with_kernel_method
+    from stejax.lowbit.kernels._fused import quantise_rows, rescale
+    from stejax.lowbit.kernels._grouped import grouped_sum
+    from stejax.lowbit.kernels._int8 import int8_accumulate
+    from stejax.lowbit.kernels._ternary import ternary_accumulate
+    from stejax.lowbit.nnx import with_kernel_method
 
     topology = topologies.get_topology_desc(
         topology_name=args.topology, platform="tpu", chip_config_name="default", chips_per_host_bounds=(1, 1, 1)

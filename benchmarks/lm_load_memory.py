@@ -66,7 +66,7 @@ else:
         f.write("5")  # resets VmHWM to the current resident set
     models = load()
     jax.block_until_ready([nnx.state(m) for m in models])
-    from stejax.lm._lowbit import Resident
+    from stejax.lowbit.nnx import Resident
     buffers = {id(x): x for m in models for x in jax.tree.leaves(nnx.state(m, nnx.Param, Resident))}
     print(json.dumps({
         "device": str(jax.devices()[0].platform),

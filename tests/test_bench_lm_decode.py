@@ -13,7 +13,6 @@ from flax import nnx
 
 from stejax.lm import LMConfig, LowBitLinear, Transformer
 from stejax.lm._export import export_lm
-from stejax.lm._lowbit import is_vpu_layer
 
 TINY = LMConfig(context=272, width=32, depth=1, heads=2, hidden=64)
 PROMPTS = (b"def main():", b"x = y + 1\n")
@@ -65,7 +64,7 @@ def test_random_large_model_forms_and_accelerator_rows(tmp_path):
         random_model,
     )
     from stejax.bench.results import Recorder, load_results
-    from stejax.lm._kernel_blocks import unpack_slices
+    from stejax.lowbit._packing import unpack_slices
 
     small = LMConfig(context=32, width=64, depth=1, heads=2, hidden=128)
     model, params = random_model("small", "ternary-2bit", config=small)
@@ -125,7 +124,7 @@ def test_decode_bench_forms_choose_the_vector_unit_and_its_figures_compare_the_p
     small = LMConfig(context=32, width=64, depth=1, heads=2, hidden=128)
     model, _ = random_model("small", "ternary-2bit", implementation="pallas-vpu", config=small)
     layers = [m for _, m in nnx.iter_modules(model) if isinstance(m, LowBitLinear)]
-    assert len(layers) == 7 and all(is_vpu_layer(m) and m.implementation == "pallas" for m in layers)
+    assert len(layers) == 7 and all(m.method == "vpu" and m.implementation == "pallas" for m in layers)
     assert _implementation(model, 1) == "pallas-vpu" and _implementation(model, 9) == "pallas"
     mxu, _ = random_model("small", "ternary-2bit", implementation="pallas", config=small)
     assert _implementation(mxu, 1) == "pallas"

@@ -167,3 +167,39 @@ def test_the_core_package_imports_without_any_extra():
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "2.0"
+
+
+def _package(module: str) -> str:
+    """``stejax.lowbit.kernels._int8`` -> ``stejax.lowbit``; a top-level module is its own package."""
+    return ".".join(module.split(".")[:2])
+
+
+# The packages each package may import (beyond itself): the integer arithmetic of low-bit weights (stejax.lowbit)
+# sits on the estimators and below everything that uses it (the language model, the exports, the NNX rules);
+# the estimators import nothing of stejax's above them.
+_MAY_IMPORT = {
+    "stejax.estimators": set(),
+    "stejax.lowbit": {"stejax.estimators"},
+}
+
+
+@pytest.mark.parametrize("package", sorted(_MAY_IMPORT))
+def test_the_lower_packages_import_nothing_above_them(package):
+    modules = _modules()
+    found = {
+        (m, d)
+        for m, p in modules.items()
+        if _package(m) == package
+        for d in _imports(m, p, modules)
+        if _package(d) not in _MAY_IMPORT[package] | {package}
+    }
+    assert found == set(), sorted(found)
+
+
+def test_the_kernels_of_low_bit_products_live_in_one_package():
+    modules = _modules()
+    assert not [m for m in modules if m.startswith("stejax.lm._kernel")], "kernels belong in stejax.lowbit.kernels"
+    packing = sorted(m for m in modules if m.rpartition(".")[2].lstrip("_") == "packing")
+    assert packing == ["stejax.lowbit._packing"]
+    users = {_package(m) for m, p in modules.items() if "stejax.lowbit._packing" in _imports(m, p, modules)}
+    assert {"stejax.lm", "stejax.export", "stejax.lowbit"} <= users

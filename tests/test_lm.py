@@ -30,7 +30,8 @@ from stejax.lm import (
 )
 from stejax.lm._configs import SITES
 from stejax.lm._export import _codes_and_scale, export_lm, load_lm_artifact, predicted_size
-from stejax.lm._packing import CONTAINERS, pack, unpack
+from stejax.lowbit import OFFSET_CONTAINERS as CONTAINERS
+from stejax.lowbit import pack, unpack
 from stejax.train import NonFiniteError
 
 TINY = LMConfig(context=16, width=32, depth=1, heads=2, hidden=64)

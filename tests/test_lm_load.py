@@ -24,8 +24,10 @@ from stejax.lm._export import (
     read_lm_manifest,
     read_lm_tensors,
 )
-from stejax.lm._lowbit import LowBitLinear, _set_module, lowbit_linear, pack_groups
-from stejax.lm._packing import CONTAINERS, pack, unpack
+from stejax.lm._lowbit import _set_module, lowbit_linear
+from stejax.lowbit import OFFSET_CONTAINERS as CONTAINERS
+from stejax.lowbit import pack, pack_groups, unpack
+from stejax.lowbit.nnx import LowBitLinear
 
 TINY = LMConfig(context=24, width=64, depth=1, heads=2, hidden=128)
 CONFIGS = ("float", "w8a8", "w4a8", "w2a8", "w1.58a8")

@@ -269,7 +269,7 @@ def test_legitimate_words_pass(text):
 @pytest.mark.parametrize(
     ("text", "private"),
     [
-        ("from stejax.lm._packing import pack", True),
+        ("from stejax.lowbit._packing import pack", True),
         ("told so by `stejax.bench._peers_rules.qwix_per_tensor_provider`", True),
         ("`_signer_of` picks the verifier", True),
         ("`stejax.lm.decode` and `stejax.flax.quantize_model`", False),

@@ -24,10 +24,10 @@ from jax.experimental import pallas as pl
 from jax.experimental import topologies
 from jax.sharding import SingleDeviceSharding
 
-from stejax.lm._kernel_fused import FUSED_FORMS, GROUPED_FORMS, fused_grouped_linear, fused_linear
-from stejax.lm._kernel_int4 import grouped_sum
-from stejax.lm._kernel_int8 import int8_accumulate
-from stejax.lm._kernel_ternary import ternary_accumulate
+from stejax.lowbit.kernels._fused import FUSED_FORMS, GROUPED_FORMS, fused_grouped_linear, fused_linear
+from stejax.lowbit.kernels._grouped import grouped_sum
+from stejax.lowbit.kernels._int8 import int8_accumulate
+from stejax.lowbit.kernels._ternary import ternary_accumulate
 
 # Rows, contraction and columns: a 1B model's widest layer at batch 1, the most rows the vector unit takes, odd axes.
 SHAPES = ((1, 2048, 5632), (8, 256, 256), (5, 96, 64))

@@ -25,9 +25,6 @@ from stejax.estimators.latent import gumbel_softmax_st as gumbel_softmax_st
 from stejax.estimators.latent import rotation_trick as rotation_trick
 from stejax.estimators.latent import vq_quantize as vq_quantize
 from stejax.estimators.latent import vq_ste as vq_ste
-from stejax.estimators.products import integer_dot_general as integer_dot_general
-from stejax.estimators.products import integer_einsum as integer_einsum
-from stejax.estimators.products import quantized_matmul as quantized_matmul
 from stejax.estimators.rounding import ceil_ste as ceil_ste
 from stejax.estimators.rounding import floor_ste as floor_ste
 from stejax.estimators.rounding import round_ste as round_ste
@@ -45,5 +42,8 @@ from stejax.estimators.uniform import fake_quant as fake_quant
 from stejax.estimators.uniform import lsq as lsq
 from stejax.estimators.uniform import lsq_plus as lsq_plus
 from stejax.estimators.uniform import pact as pact
+from stejax.lowbit._matmul import quantized_matmul as quantized_matmul
+from stejax.lowbit._products import integer_dot_general as integer_dot_general
+from stejax.lowbit._products import integer_einsum as integer_einsum
 
 __version__ = "0.1.0"

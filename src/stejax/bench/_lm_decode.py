@@ -670,9 +670,9 @@ def random_model(
 
     No float32 copy of the whole model is made for the low-bit forms: the float model is built abstractly
     (``nnx.eval_shape``), each parameter drawn on the device in its own type, and each quantised linear made
-    directly as random integer codes (packed as :func:`stejax.lm._lowbit.pack_groups` packs them) and scales.
+    directly as random integer codes (packed as :func:`stejax.lowbit.pack_groups` packs them) and scales.
     ``implementation``: the layers' product (:class:`stejax.lm.LowBitLinear`), or ``"pallas-vpu"``: the Pallas
-    kernels multiplying a few rows on the vector unit (:func:`stejax.lm._lowbit.with_kernel_method`).
+    kernels multiplying a few rows on the vector unit (``method="vpu"``).
     Returns the model and its parameter count (the float architecture's).
 
     Raises:
@@ -681,11 +681,11 @@ def random_model(
     from flax import nnx
 
     from stejax.lm import LMConfig, LowBitLinear, Transformer, quantised_paths
-    from stejax.lm._lowbit import VpuLowBitLinear, _set_module
+    from stejax.lm._lowbit import _set_module
 
-    layer_class: Any = LowBitLinear
+    method = "mxu"
     if implementation == "pallas-vpu":
-        layer_class, implementation = VpuLowBitLinear, "pallas"
+        method, implementation = "vpu", "pallas"
     if config is None and name not in LARGE:
         raise ValueError(f"random_model: model must be one of {sorted(LARGE)}; got {name!r}.")
     if form not in FORMS:
@@ -716,7 +716,8 @@ def random_model(
             node = node[int(part)] if part.isdigit() else getattr(node, part)
         k, n = node.in_features, node.out_features
         layer = jax.random.fold_in(key, 10_000 + j)
-        shape = {"in_features": k, "out_features": n, "input_bits": 8, "implementation": implementation}
+        shape = {"in_features": k, "out_features": n, "input_bits": 8}
+        shape |= {"implementation": implementation, "method": method}
         if form in ("int8", "ternary-int8"):
             low = -127 if form == "int8" else -1
             codes = jax.random.randint(layer, (k, n), low, -low + 1, jnp.int32).astype(jnp.int8)
@@ -729,7 +730,7 @@ def random_model(
             words = fields[0] | (fields[1] << 2) | (fields[2] << 4) | (fields[3] << 6)
             codes = words.astype(jnp.uint8).view(jnp.int8)
             scale = jnp.float32(50.0)
-        _set_module(model, site, layer_class(form, codes, scale, **shape))
+        _set_module(model, site, LowBitLinear(form, codes, scale, **shape))
     return model, params
 
 
@@ -741,7 +742,7 @@ def resident_rows(names: Sequence[str] = tuple(LARGE), forms: Sequence[str] = FO
     """
     from flax import nnx
 
-    from stejax.lm._lowbit import Resident
+    from stejax.lowbit.nnx import Resident
 
     rows = []
     for name in names:
@@ -795,13 +796,12 @@ def _implementation(model: Any, rows: int) -> str:
     from flax import nnx
 
     from stejax.lm import LowBitLinear
-    from stejax.lm._kernel_vpu import VPU_MOST_ROWS
-    from stejax.lm._lowbit import is_vpu_layer
+    from stejax.lowbit.kernels._vpu import VPU_MOST_ROWS
 
     layers = [m for _, m in nnx.iter_modules(model) if isinstance(m, LowBitLinear)]
     if not layers or not all(m._kernel(rows) for m in layers):
         return "xla"
-    return "pallas-vpu" if rows <= VPU_MOST_ROWS and all(is_vpu_layer(m) for m in layers) else "pallas"
+    return "pallas-vpu" if rows <= VPU_MOST_ROWS and all(m.method == "vpu" for m in layers) else "pallas"
 
 
 def _timed_decode(model: Any, prompts: Sequence[bytes], tokens: int) -> tuple[float, float, int, int]:

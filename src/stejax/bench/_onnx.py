@@ -18,7 +18,7 @@ THREADS = 2  # ORT's intra_op_num_threads, set explicitly (the machine's other c
 def _mlp(width: int, bits: int, rng: np.random.Generator) -> Any:
     """A 3-layer MLP, ``width`` wide, random codes: ``bits``-bit LSQ weights, 8-bit inputs (signed first)."""
     from stejax.export import ExportedModel, InputFormat, LayerSpec, WeightFormat, pack_codes
-    from stejax.export._packing import container_for
+    from stejax.lowbit._packing import container_for
 
     shapes = [(width, width), (width, width), (width, 10)]
     layers, params = [], []

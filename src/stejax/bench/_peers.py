@@ -381,8 +381,8 @@ def _int8_step(optimizer, *, integer_products: bool = False):
     import optax
 
     from stejax.estimators.calibration import absmax_scale
-    from stejax.estimators.products import quantized_matmul
     from stejax.estimators.uniform import fake_quant
+    from stejax.lowbit._matmul import quantized_matmul
 
     def product(h, w):
         h_scale, w_scale = absmax_scale(h, bits=8), absmax_scale(w, bits=8, axis=1)

@@ -25,9 +25,6 @@ from stejax.export._model import ExportedModel as ExportedModel
 from stejax.export._model import InputFormat as InputFormat
 from stejax.export._model import LayerSpec as LayerSpec
 from stejax.export._model import WeightFormat as WeightFormat
-from stejax.export._packing import CONTAINERS as CONTAINERS
-from stejax.export._packing import pack_codes as pack_codes
-from stejax.export._packing import unpack_codes as unpack_codes
 from stejax.export._parity import TOLERANCE_RULE as TOLERANCE_RULE
 from stejax.export._parity import LayerParity as LayerParity
 from stejax.export._parity import ParityReport as ParityReport
@@ -42,3 +39,6 @@ from stejax.export._safetensors import safetensors_layout as safetensors_layout
 from stejax.export._size import LayerSize as LayerSize
 from stejax.export._size import SizeReport as SizeReport
 from stejax.export._size import size_report as size_report
+from stejax.lowbit._packing import CONTAINERS as CONTAINERS
+from stejax.lowbit._packing import pack_codes as pack_codes
+from stejax.lowbit._packing import unpack_codes as unpack_codes

@@ -11,7 +11,7 @@ import numpy as np
 from stejax.data import Normalizer
 from stejax.estimators.uniform import lsq_levels
 from stejax.export._model import ExportedModel, InputFormat, LayerSpec, WeightFormat, dequantised_weights
-from stejax.export._packing import pack_codes
+from stejax.lowbit._packing import pack_codes
 from stejax.model import ModelConfig, QATConfig, Quantizer, check_params, param_spec
 from stejax.model._quantize import pact_step, quantize_weights
 from stejax.model._spec import architecture

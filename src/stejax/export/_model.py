@@ -13,7 +13,7 @@ import numpy as np
 from jax import lax
 
 from stejax.estimators.uniform import lsq_levels
-from stejax.export._packing import CONTAINERS, container_for, packed_shape, unpack_codes
+from stejax.lowbit._packing import CONTAINERS, container_for, packed_shape, unpack_codes
 from stejax.model._spec import Layer
 
 __all__ = ["ExportedModel", "InputFormat", "LayerSpec", "ModelSpec", "WeightFormat"]

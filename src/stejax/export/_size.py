@@ -11,7 +11,7 @@ import numpy as np
 
 from stejax.export import _safetensors
 from stejax.export._model import ExportedModel, LayerSpec
-from stejax.export._packing import CONTAINERS
+from stejax.lowbit._packing import CONTAINERS
 
 __all__ = ["LayerSize", "SizeReport", "size_report"]
 

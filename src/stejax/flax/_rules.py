@@ -495,13 +495,13 @@ class _Record(NamedTuple):
 
 
 def _integer_dot_general(dims: Any, a: Any, b: Any, **options: Any) -> Any:
-    from stejax.estimators.products import integer_dot_general
+    from stejax.lowbit._products import integer_dot_general
 
     return integer_dot_general(a, b, dims, **options)
 
 
 def _integer_einsum(subscripts: str, a: Any, b: Any, **options: Any) -> Any:
-    from stejax.estimators.products import integer_einsum
+    from stejax.lowbit._products import integer_einsum
 
     return integer_einsum(subscripts, a, b, **options)
 

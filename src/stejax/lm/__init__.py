@@ -50,7 +50,6 @@ from stejax.lm._llamacpp import llamacpp_greedy as llamacpp_greedy
 from stejax.lm._llamacpp import llamacpp_logits as llamacpp_logits
 from stejax.lm._llamacpp import llamacpp_rows as llamacpp_rows
 from stejax.lm._llamacpp import load_llama as load_llama
-from stejax.lm._lowbit import LowBitLinear as LowBitLinear
 from stejax.lm._lowbit import LowBitLM as LowBitLM
 from stejax.lm._lowbit import load_lowbit as load_lowbit
 from stejax.lm._model import LLAMA as LLAMA
@@ -78,3 +77,4 @@ from stejax.lm._train import load_checkpoint as load_checkpoint
 from stejax.lm._train import save_checkpoint as save_checkpoint
 from stejax.lm._train import train_lm as train_lm
 from stejax.lm._train import weight_decay_schedule as weight_decay_schedule
+from stejax.lowbit.nnx import LowBitLinear as LowBitLinear

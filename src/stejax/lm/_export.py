@@ -9,7 +9,7 @@ re-hashes everything and refuses a changed file with
 :class:`stejax.artifacts.ArtifactError`.
 
 Tensors: for each quantised linear ``P`` (``blocks/0/attn/q``), ``P/codes`` (its
-kernel's integer codes packed at their bit width, :mod:`stejax.lm._packing`)
+kernel's integer codes packed at their bit width, :mod:`stejax.lowbit._packing`)
 and ``P/scale`` (float32: one per output channel, per group of the contraction
 axis, or one per tensor for ternary); every other parameter (embedding, norms,
 head) as float32 under its own name. The dequantised kernel is
@@ -32,8 +32,8 @@ from flax import nnx
 
 from stejax.lm._configs import CONFIGS, LMQuant, quantised_paths, quantize_lm
 from stejax.lm._model import LMConfig, Transformer
-from stejax.lm._packing import container_for, pack, packed_bytes, unpack
 from stejax.lm._quantisers import weight_codes, weight_scale
+from stejax.lowbit._packing import offset_container_for, pack, packed_bytes, unpack
 
 __all__ = ["LM_FORMAT", "LMArtifact", "export_lm", "load_lm_artifact", "predicted_size"]
 
@@ -80,7 +80,7 @@ def _tensors(model: nnx.Module, config: LMQuant) -> tuple[dict[str, np.ndarray],
     for name, value in sorted(params.items()):
         site = name.rsplit("/", 1)[0]
         if site in quantised and name.endswith("/kernel"):
-            container = container_for(float(config.weight_bits or 0))
+            container = offset_container_for(float(config.weight_bits or 0))
             codes, scale = _codes_and_scale(value, config)
             tensors[f"{site}/codes"] = pack(codes, container)
             tensors[f"{site}/scale"] = scale

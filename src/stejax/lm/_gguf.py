@@ -654,7 +654,7 @@ def _from_artifact(root: Path) -> _Weights:
     from stejax.lm._configs import LMQuant
     from stejax.lm._export import WEIGHTS, read_lm_tensors
     from stejax.lm._model import LMConfig
-    from stejax.lm._packing import unpack
+    from stejax.lowbit._packing import unpack
 
     manifest, tensors = read_lm_tensors(root)
     config = LMQuant(**manifest["config"])

@@ -10,7 +10,7 @@ import numpy as np
 
 from stejax.export import ExportedModel, LayerSpec
 from stejax.export._model import flatten_weights
-from stejax.export._packing import unpack_codes
+from stejax.lowbit._packing import unpack_codes
 from stejax.onnx._graph import Graph, OnnxExportError
 
 __all__ = ["CONVS", "digits_graph", "qlinear_convs", "weight_format_name"]

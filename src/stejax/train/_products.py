@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from stejax import keys
-from stejax.estimators.products import integer_dot_general
+from stejax.lowbit._products import integer_dot_general
 from stejax.model import LayerQuant, ModelConfig, QATConfig, check_params, param_spec
 from stejax.model._spec import Layer, architecture
 

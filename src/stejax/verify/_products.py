@@ -186,8 +186,8 @@ def check_integer_product(
       ValueError: ``backward`` other than ``"int8"``, or what
         :func:`stejax.integer_dot_general` refuses.
     """
-    from stejax.estimators._int_products import _canonical as canonical_dims
-    from stejax.estimators._int_products import _check_dims, integer_dot_general
+    from stejax.lowbit._products import _canonical as canonical_dims
+    from stejax.lowbit._products import _check_dims, integer_dot_general
 
     x_in, w_in = np.asarray(lhs), np.asarray(rhs)
     if x_in.dtype != np.float32 or w_in.dtype != np.float32:

@@ -9,7 +9,7 @@ afterwards (outside the kernel: an elementwise epilogue, the same either way).
 multiplied on the MXU) or the reference :func:`int8_accumulate_reference`
 (``lax.dot_general`` with ``preferred_element_type=int32``), which is also what
 runs wherever the kernel cannot. ``method="vpu"`` multiplies up to 8 rows on the
-vector unit instead of the MXU (:mod:`stejax.lm._kernel_vpu`); the sums are the same.
+vector unit instead of the MXU (:mod:`stejax.lowbit.kernels._vpu`); the sums are the same.
 """
 
 from __future__ import annotations
@@ -21,8 +21,15 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from stejax.lm._kernel_blocks import Blocks, default_blocks, int8_dot, vmem_limit
-from stejax.lm._kernel_vpu import VPU_MOST_ROWS, field_sums, resolve_method
+from stejax.lowbit.kernels._skeleton import (
+    Blocks,
+    default_blocks,
+    int8_dot,
+    vmem_limit,
+    write_accumulator,
+    zero_accumulator,
+)
+from stejax.lowbit.kernels._vpu import VPU_MOST_ROWS, check_method, field_sums
 
 __all__ = ["ROW_PAD", "int8_accumulate", "int8_accumulate_reference", "int8_kernel_fits"]
 
@@ -49,15 +56,11 @@ def int8_kernel_fits(rows: int, k: int, n: int) -> bool:
 
 def _body(x_ref: jax.Array, w_ref: jax.Array, out_ref: jax.Array, acc_ref: jax.Array) -> None:
     # x (rows, block_k) int8, w (block_k, block_n) int8, out and acc (rows, block_n) int32.
-    @pl.when(pl.program_id(1) == 0)
-    def _() -> None:
-        acc_ref[...] = jnp.zeros_like(acc_ref)
+    zero_accumulator(acc_ref)
 
     acc_ref[...] += int8_dot(x_ref[...], w_ref[...])
 
-    @pl.when(pl.program_id(1) == pl.num_programs(1) - 1)
-    def _() -> None:
-        out_ref[...] = acc_ref[...]
+    write_accumulator(acc_ref, out_ref)
 
 
 def int8_accumulate(
@@ -66,23 +69,23 @@ def int8_accumulate(
     *,
     blocks: Blocks | None = None,
     interpret: bool = False,
-    method: str | None = None,
+    method: str = "mxu",
 ) -> jax.Array:
     """``q`` int8 ``(..., k)`` times ``codes`` int8 ``(k, n)``: int32 ``(..., n)``, block by block.
 
     Args:
       q: input codes, any leading shape (flattened to rows; padded to a multiple of 32 for the MXU).
       codes: weight codes, resident as they are (never copied or padded).
-      blocks: :class:`Blocks` (None: :func:`default_blocks`, or :func:`stejax.lm._kernel_vpu.vpu_blocks`).
+      blocks: :class:`Blocks` (None: :func:`default_blocks`, or :func:`stejax.lowbit.kernels._vpu.vpu_blocks`).
       interpret: run the kernel in Pallas interpret mode (any backend).
       method: ``"mxu"`` (int8 products on the MXU), ``"vpu"`` (at most 8 rows on the vector unit; more rows
-        on the MXU), or None: the one :func:`stejax.lm._kernel_vpu.kernel_method` sets, else ``"mxu"``.
+        on the MXU).
 
     Raises:
       ValueError: dtypes other than int8, mismatched contraction, an unknown method, or blocks that do not
         tile ``(k, n)``.
     """
-    method = resolve_method(method, "int8_accumulate")
+    method = check_method(method, "int8_accumulate")
     return _int8_accumulate(q, codes, blocks=blocks, interpret=interpret, method=method)
 
 

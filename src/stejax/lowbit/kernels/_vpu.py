@@ -72,10 +72,7 @@ order, as in the reference.
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import threading
-from collections.abc import Iterator
 from typing import Any
 
 import jax
@@ -83,15 +80,15 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from stejax.lm._kernel_blocks import Blocks, arrange_input, default_blocks
+from stejax.lowbit._packing import arrange_input
+from stejax.lowbit.kernels._skeleton import Blocks, default_blocks, first_step, last_step, zero_accumulator
 
 __all__ = [
     "METHODS",
     "VPU_MOST_ROWS",
+    "check_method",
     "field_sums",
     "grouped_vpu_sum",
-    "kernel_method",
-    "resolve_method",
     "vpu_blocks",
 ]
 
@@ -103,40 +100,16 @@ _MULTIPLIER_BYTES = 4 * 1024 * 1024  # the lane-broadcast multipliers of one blo
 _BLOCK_BYTES = 2 * 1024 * 1024
 _MOST_GROUP = 8192  # a group's partial sums below 2**24: exact in float32
 
-_state = threading.local()
 
-
-def resolve_method(method: str | None, where: str) -> str:
-    """``method`` checked, or (None) the one :func:`kernel_method` sets (``"mxu"`` outside it).
+def check_method(method: str, where: str) -> str:
+    """``method`` if it is one of :data:`METHODS`.
 
     Raises:
       ValueError: a method other than ``"mxu"`` or ``"vpu"``.
     """
-    if method is None:
-        method = getattr(_state, "method", "mxu")
     if method not in METHODS:
         raise ValueError(f"{where}: method must be one of {METHODS}; got {method!r}.")
     return method
-
-
-@contextlib.contextmanager
-def kernel_method(method: str) -> Iterator[None]:
-    """Within it, the Pallas low-bit kernels called with ``method=None`` multiply by ``method``.
-
-    The choice is read when a kernel call is traced. A function compiled outside it keeps its product; a
-    model whose layers should keep ``"vpu"`` in every compiled step is made by
-    :func:`stejax.lm._lowbit.with_kernel_method`.
-
-    Raises:
-      ValueError: a method other than ``"mxu"`` or ``"vpu"``.
-    """
-    resolve_method(method, "kernel_method")
-    previous = getattr(_state, "method", "mxu")
-    _state.method = method
-    try:
-        yield
-    finally:
-        _state.method = previous
 
 
 def vpu_blocks(rows_k: int, n: int, multipliers: int, *, multiple_k: int = 1) -> Blocks:
@@ -224,9 +197,7 @@ def _fields_body(
 ) -> None:
     # x (per, rows, bkp) int8: the input codes of each field's packed rows; w (bk, bn) packed int8; out (rows,
     # bn) int32; m (rows * per, bkp, 128) int32: the multipliers along the lanes; acc (rows, 8, bn) int32.
-    @pl.when(pl.program_id(1) == 0)
-    def _() -> None:
-        acc_ref[...] = jnp.zeros_like(acc_ref)
+    zero_accumulator(acc_ref)
 
     xs = x_ref[...].astype(jnp.int32)
     multipliers = []
@@ -264,7 +235,7 @@ def _fields_body(
 
     _loop(bk // chunk, step)
 
-    @pl.when(pl.program_id(1) == pl.num_programs(1) - 1)
+    @pl.when(last_step())
     def _() -> None:
         for r in range(rows):
             out_ref[r : r + 1, :] = jnp.sum(acc_ref[r], axis=0, keepdims=True)  # the 8 sublanes: exact int32
@@ -349,7 +320,7 @@ def _grouped_body(
 ) -> None:
     # c (rows * per, bkp) int32; corr (rows, in_block, 128) float32: each group's offset term; w (bk, bn) packed
     # int8; s (in_block, bn) float32; out (rows, 1, bn) float32, resident over the contraction; m as above.
-    @pl.when(pl.program_id(1) == 0)
+    @pl.when(first_step())
     def _() -> None:
         out_ref[...] = jnp.zeros_like(out_ref)
 
@@ -403,7 +374,7 @@ def grouped_vpu_sum(
     r"""float32 ``(rows, n)``: :math:`\sum_g s_g \sum_{i \in g} x_i c_i`, groups in order, on the vector unit.
 
     ``x`` int8 ``(rows, k)`` (at most :data:`VPU_MOST_ROWS` rows), ``packed`` int8 ``(k / per, n)`` as
-    :func:`stejax.lm._lowbit.pack_groups` lays groups out, ``scale`` float32 ``(k / group, n)``.
+    :func:`stejax.lowbit.pack_groups` lays groups out, ``scale`` float32 ``(k / group, n)``.
 
     Raises:
       ValueError: more rows than :data:`VPU_MOST_ROWS`, a group whose packed rows are not 8, 16 or 32, a

@@ -2,7 +2,7 @@ r"""Grouped int4 (or int2) weights times int8 input codes, scaled group by group
 
 The codes of a ``(k, n)`` kernel, in groups of ``group`` rows along the
 contraction axis, are resident packed ``per = 8 / bits`` to a byte as
-``(k / group, group / per, n)`` (:func:`stejax.lm._lowbit.pack_groups`), with a
+``(k / group, group / per, n)`` (:func:`stejax.lowbit.pack_groups`), with a
 float32 scale :math:`s_{go}` per group and column. The product is
 
 .. math::
@@ -24,7 +24,7 @@ int32 sum at once; the kernel then scales and adds them. The grid walks blocks
 of 128 packed rows (eight int4 groups): few groups a block keep the expanded
 rows few. :func:`grouped_sum_reference` is the test oracle and the fallback.
 ``method="vpu"`` multiplies up to 8 rows on the vector unit instead
-(:mod:`stejax.lm._kernel_vpu`): the same exact group sums, scaled and added in
+(:mod:`stejax.lowbit.kernels._vpu`): the same exact group sums, scaled and added in
 the same order.
 """
 
@@ -38,8 +38,16 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from stejax.lm._kernel_blocks import Blocks, arrange_input, default_blocks, int8_dot, unpack_slices, vmem_limit
-from stejax.lm._kernel_vpu import VPU_MOST_ROWS, grouped_vpu_sum, resolve_method
+from stejax.lowbit._packing import arrange_input, unpack_slices
+from stejax.lowbit.kernels._skeleton import (
+    Blocks,
+    default_blocks,
+    int8_dot,
+    vmem_limit,
+    write_accumulator,
+    zero_accumulator,
+)
+from stejax.lowbit.kernels._vpu import VPU_MOST_ROWS, check_method, grouped_vpu_sum
 
 __all__ = ["grouped_kernel_fits", "grouped_sum", "grouped_sum_reference"]
 
@@ -106,9 +114,7 @@ def _body(
 ) -> None:
     # x (per, groups_in_block * rows, block_k) int8: row g * rows + r holds row r's codes of group g, else zeros;
     # w (block_k, block_n) packed int8; s (groups_in_block, block_n) float32; acc, out (rows, block_n) float32.
-    @pl.when(pl.program_id(1) == 0)
-    def _() -> None:
-        acc_ref[...] = jnp.zeros_like(acc_ref)
+    zero_accumulator(acc_ref)
 
     per, bk = 8 // bits, w_ref.shape[0]
     sums = None
@@ -139,9 +145,7 @@ def _body(
         acc = acc + parts[g * rows : (g + 1) * rows] * s_ref[g : g + 1, :]
     acc_ref[...] = acc
 
-    @pl.when(pl.program_id(1) == pl.num_programs(1) - 1)
-    def _() -> None:
-        out_ref[...] = acc_ref[...]
+    write_accumulator(acc_ref, out_ref)
 
 
 def grouped_sum(
@@ -152,7 +156,7 @@ def grouped_sum(
     bits: int,
     blocks: Blocks | None = None,
     interpret: bool = False,
-    method: str | None = None,
+    method: str = "mxu",
 ) -> jax.Array:
     """int8 ``q`` ``(..., k)`` times grouped codes packed ``(groups, group / per, n)`` with scales ``(groups, n)``.
 
@@ -165,17 +169,16 @@ def grouped_sum(
       bits: 4 or 2.
       blocks: :class:`Blocks` over the packed ``(k / per, n)`` bytes; ``block_k`` a multiple of a group's packed
         rows, for ``"vpu"`` of eight groups' (None: 128 packed rows and the widest ``block_n``, or
-        :func:`stejax.lm._kernel_vpu.vpu_blocks`).
+        :func:`stejax.lowbit.kernels._vpu.vpu_blocks`).
       interpret: run the kernel in Pallas interpret mode (any backend).
       method: ``"mxu"`` (one expanded int8 product on the MXU), ``"vpu"`` (at most 8 rows on the vector unit;
-        more rows on the MXU), or None: the one :func:`stejax.lm._kernel_vpu.kernel_method` sets, else
-        ``"mxu"``.
+        more rows on the MXU).
 
     Raises:
       ValueError: bits other than 4 or 2, dtypes other than int8, shapes that do not agree, an unknown method,
         or blocks that do not tile the packed bytes.
     """
-    method = resolve_method(method, "grouped_sum")
+    method = check_method(method, "grouped_sum")
     return _grouped_sum(q, packed, scale, bits=bits, blocks=blocks, interpret=interpret, method=method)
 
 

@@ -1,7 +1,7 @@
 r"""Ternary weights packed four to a byte times int8 input codes, int32 accumulators: kernel and reference.
 
 The codes :math:`c \in \{-1, 0, 1\}` of a ``(k, n)`` kernel are resident as
-``(1, k / 4, n)`` bytes (:func:`stejax.lm._lowbit.pack_groups` with one group of
+``(1, k / 4, n)`` bytes (:func:`stejax.lowbit.pack_groups` with one group of
 ``k``): bits :math:`2s .. 2s+1` of byte ``[0, j, o]`` hold :math:`c + 2` of row
 :math:`s k / 4 + j`, so each of the four 2-bit slices is a contiguous quarter
 of the rows. The product :math:`a_{mo} = \sum_i q_{mi} c_{io}` is exact in
@@ -18,7 +18,7 @@ blocks are widened to int32 and unpacked field by field. :func:`ternary_accumula
 function and multiplies with ``lax.dot_general``: the test oracle and the
 fallback wherever the kernel cannot run. ``method="vpu"`` multiplies up to 8
 rows on the vector unit instead, reading the same bytes
-(:mod:`stejax.lm._kernel_vpu`); the sums are the same.
+(:mod:`stejax.lowbit.kernels._vpu`); the sums are the same.
 """
 
 from __future__ import annotations
@@ -30,8 +30,16 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from stejax.lm._kernel_blocks import Blocks, arrange_input, default_blocks, int8_dot, unpack_slices, vmem_limit
-from stejax.lm._kernel_vpu import VPU_MOST_ROWS, field_sums, resolve_method
+from stejax.lowbit._packing import arrange_input, unpack_slices
+from stejax.lowbit.kernels._skeleton import (
+    Blocks,
+    default_blocks,
+    int8_dot,
+    vmem_limit,
+    write_accumulator,
+    zero_accumulator,
+)
+from stejax.lowbit.kernels._vpu import VPU_MOST_ROWS, check_method, field_sums
 
 __all__ = ["ternary_accumulate", "ternary_accumulate_reference", "ternary_kernel_fits"]
 
@@ -77,9 +85,7 @@ def ternary_kernel_fits(rows: int, k: int, n: int) -> bool:
 
 def _body(x_ref: jax.Array, w_ref: jax.Array, out_ref: jax.Array, acc_ref: jax.Array) -> None:
     # x (4, rows, block_k) int8: the input of each slice; w (block_k, block_n) packed int8; acc, out int32.
-    @pl.when(pl.program_id(1) == 0)
-    def _() -> None:
-        acc_ref[...] = jnp.zeros_like(acc_ref)
+    zero_accumulator(acc_ref)
 
     acc = acc_ref[...]
     bk = w_ref.shape[0]
@@ -99,9 +105,7 @@ def _body(x_ref: jax.Array, w_ref: jax.Array, out_ref: jax.Array, acc_ref: jax.A
             acc += int8_dot(x_ref[s], codes)
     acc_ref[...] = acc
 
-    @pl.when(pl.program_id(1) == pl.num_programs(1) - 1)
-    def _() -> None:
-        out_ref[...] = acc_ref[...]
+    write_accumulator(acc_ref, out_ref)
 
 
 def ternary_accumulate(
@@ -110,7 +114,7 @@ def ternary_accumulate(
     *,
     blocks: Blocks | None = None,
     interpret: bool = False,
-    method: str | None = None,
+    method: str = "mxu",
 ) -> jax.Array:
     """int8 ``q`` ``(..., k)`` times ternary codes packed ``(1, k / 4, n)``: int32 ``(..., n)``.
 
@@ -118,17 +122,16 @@ def ternary_accumulate(
       q: input codes, any leading shape (flattened to rows; padded to a multiple of 32 for the MXU).
       packed: the resident bytes (int8), read as they are.
       blocks: :class:`Blocks` over the packed ``(k / 4, n)`` bytes (None: :func:`default_blocks`, or
-        :func:`stejax.lm._kernel_vpu.vpu_blocks`).
+        :func:`stejax.lowbit.kernels._vpu.vpu_blocks`).
       interpret: run the kernel in Pallas interpret mode (any backend).
       method: ``"mxu"`` (the unpacked slices multiplied on the MXU), ``"vpu"`` (at most 8 rows on the vector
-        unit; more rows on the MXU), or None: the one :func:`stejax.lm._kernel_vpu.kernel_method` sets,
-        else ``"mxu"``.
+        unit; more rows on the MXU).
 
     Raises:
       ValueError: dtypes other than int8, a packed shape other than ``(1, k / 4, n)``, an unknown method, or
         blocks that do not tile the packed bytes.
     """
-    method = resolve_method(method, "ternary_accumulate")
+    method = check_method(method, "ternary_accumulate")
     return _ternary_accumulate(q, packed, blocks=blocks, interpret=interpret, method=method)
 
 

@@ -15,7 +15,7 @@ kernel, in VMEM:
   :math:`q = \operatorname{clip}(\operatorname{round}(x s_x), -t - 1, t)`
   (round half to even), block by block into a VMEM buffer;
 * each grid step multiplies a block of weight codes (int8, or ternary packed
-  four to a byte and unpacked as :mod:`stejax.lm._kernel_ternary` does) by its
+  four to a byte and unpacked as :mod:`stejax.lowbit.kernels._ternary` does) by its
   block of input codes on the MXU, int32 accumulation;
 * at the last contraction block the sums are rescaled in the layer's order of
   float32 operations (:func:`rescale`: products by the row maximum and a
@@ -27,7 +27,7 @@ and the tests check it bit for bit).
 
 Grouped int4 and int2 weights (:func:`fused_grouped_linear`) take the same
 course, and at the first step also arrange the input codes in VMEM as
-:mod:`stejax.lm._kernel_int4`'s wrapper does in XLA: in the packed rows' order
+:mod:`stejax.lowbit.kernels._grouped`'s wrapper does in XLA: in the packed rows' order
 (a product by a 0/1 matrix, exact) and one row per group of a block, so that
 one int8 product per packed slice gives every group's int32 sum; each step
 scales the group sums (by :math:`s_{go} / t`, :func:`grouped_multiplier`) and
@@ -44,7 +44,8 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from stejax.lm._kernel_blocks import Blocks, default_blocks, int8_dot, unpack_slices, vmem_limit
+from stejax.lowbit._packing import unpack_slices
+from stejax.lowbit.kernels._skeleton import Blocks, default_blocks, int8_dot, last_step, vmem_limit, zero_accumulator
 
 __all__ = [
     "FUSED_FORMS",
@@ -140,8 +141,8 @@ def fused_linear_reference(x: jax.Array, codes: jax.Array, scale: jax.Array, *, 
 
     ``scale``: :func:`multiplier` of the layer's scale, as for :func:`fused_linear`.
     """
-    from stejax.lm._kernel_int8 import int8_accumulate_reference
-    from stejax.lm._kernel_ternary import ternary_accumulate_reference
+    from stejax.lowbit.kernels._int8 import int8_accumulate_reference
+    from stejax.lowbit.kernels._ternary import ternary_accumulate_reference
 
     _check(x, codes, scale, form, bits, "fused_linear_reference")
     qf, m = quantise_rows(x.astype(jnp.float32), bits)
@@ -234,9 +235,7 @@ def _body(
             if total is not None:
                 offset_ref[b, 0:few, :] = 2 * total.astype(jnp.int32)
 
-    @pl.when(i == 0)
-    def _zero() -> None:
-        acc_ref[...] = jnp.zeros_like(acc_ref)
+    zero_accumulator(acc_ref)
 
     acc = acc_ref[...]
     if per == 1:
@@ -252,7 +251,7 @@ def _body(
             acc += int8_dot(q_ref[i, p], codes)
     acc_ref[...] = acc
 
-    @pl.when(i == pl.num_programs(1) - 1)
+    @pl.when(last_step())
     def _rescale() -> None:
         scale = scale_ref[...] if form == "int8" else scale_ref[0]
         out_ref[...] = rescale(acc_ref[0:few, :], m_ref[...], scale, form)[0:rows]
@@ -382,9 +381,9 @@ def fused_grouped_reference(x: jax.Array, packed: jax.Array, scale: jax.Array, *
     """Reference (pure JAX): a grouped layer's XLA path, float ``x`` ``(..., k)`` to float32 ``(..., n)``.
 
     ``scale``: :func:`grouped_multiplier` of the layer's group scales: the group sums scaled and added in the
-    order of the groups (:func:`stejax.lm._kernel_int4.grouped_sum_reference`), then times the row maxima.
+    order of the groups (:func:`stejax.lowbit.kernels._grouped.grouped_sum_reference`), then times the row maxima.
     """
-    from stejax.lm._kernel_int4 import grouped_sum_reference
+    from stejax.lowbit.kernels._grouped import grouped_sum_reference
 
     _check_grouped(x, packed, scale, form, bits, "fused_grouped_reference")
     qf, m = quantise_rows(x.astype(jnp.float32), bits)
@@ -493,9 +492,7 @@ def _grouped_body(
             assert total is not None
             offset_ref[b] = (1 << (wbits - 1)) * total.astype(jnp.int32)
 
-    @pl.when(i == 0)
-    def _zero() -> None:
-        acc_ref[...] = jnp.zeros_like(acc_ref)
+    zero_accumulator(acc_ref)
 
     sums = None
     if bk % _INT8_TILE == 0:
@@ -517,7 +514,7 @@ def _grouped_body(
         acc = acc + parts[g * few : (g + 1) * few] * s_ref[g : g + 1, :]
     acc_ref[...] = acc
 
-    @pl.when(i == pl.num_programs(1) - 1)
+    @pl.when(last_step())
     def _rescale() -> None:
         out_ref[...] = (acc_ref[...] * m_ref[...])[0:rows]
 
@@ -543,7 +540,7 @@ def fused_grouped_linear(
 
     Args:
       x: the float input, any leading shape (flattened to rows; at most 16).
-      packed: the resident bytes ``(groups, group / per, n)`` (:func:`stejax.lm._lowbit.pack_groups`);
+      packed: the resident bytes ``(groups, group / per, n)`` (:func:`stejax.lowbit.pack_groups`);
         ``group / per`` a power of two.
       scale: :func:`grouped_multiplier` of the group scales, float32 ``(groups, n)``.
       form: ``"int4"`` or ``"int2"``.

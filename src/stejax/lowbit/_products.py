@@ -1,7 +1,7 @@
 r"""Integer training products: ``dot_general`` on int8 codes forward, and both backward products on int8 too.
 
 :func:`integer_dot_general` is the public face (re-exported by
-:mod:`stejax.estimators.products` and :mod:`stejax`); :func:`integer_einsum`
+:mod:`stejax.lowbit` and :mod:`stejax`); :func:`integer_einsum`
 writes the same product with einsum subscripts. The arithmetic, once:
 
 1. The operands are brought to a canonical form by transposes and reshapes

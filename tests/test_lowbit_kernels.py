@@ -9,8 +9,10 @@ import pytest
 from flax import nnx
 
 from stejax.lm import LMConfig, LowBitLinear, Transformer, decode
-from stejax.lm._kernel_blocks import Blocks, default_blocks
-from stejax.lm._kernel_fused import (
+from stejax.lm._lowbit import lowbit_linear
+from stejax.lowbit import pack_groups
+from stejax.lowbit.kernels import VERIFIED_ON, supports
+from stejax.lowbit.kernels._fused import (
     FUSED_FORMS,
     GROUPED_FORMS,
     fused_blocks,
@@ -24,11 +26,12 @@ from stejax.lm._kernel_fused import (
     grouped_multiplier,
     multiplier,
 )
-from stejax.lm._kernel_int4 import grouped_kernel_fits, grouped_sum, grouped_sum_reference
-from stejax.lm._kernel_int8 import int8_accumulate, int8_accumulate_reference, int8_kernel_fits
-from stejax.lm._kernel_ternary import ternary_accumulate, ternary_accumulate_reference, ternary_kernel_fits
-from stejax.lm._kernel_vpu import kernel_method, vpu_blocks
-from stejax.lm._lowbit import is_vpu_layer, lowbit_linear, pack_groups, with_kernel_method
+from stejax.lowbit.kernels._grouped import grouped_kernel_fits, grouped_sum, grouped_sum_reference
+from stejax.lowbit.kernels._int8 import int8_accumulate, int8_accumulate_reference, int8_kernel_fits
+from stejax.lowbit.kernels._skeleton import Blocks, default_blocks
+from stejax.lowbit.kernels._ternary import ternary_accumulate, ternary_accumulate_reference, ternary_kernel_fits
+from stejax.lowbit.kernels._vpu import vpu_blocks
+from stejax.lowbit.nnx import with_kernel_method
 
 from helpers import apply_split, apply_splits, per_byte_greedy
 
@@ -52,7 +55,7 @@ SHAPES = [  # (rows, k, n, blocks): aligned tiles over a 2 x 2 grid, a partial r
     (8, 256, 384, Blocks(128, 384)),  # the vector unit's most rows, loops over row chunks and three lane tiles
     (9, 128, 128, None),  # more rows than the vector unit takes: method="vpu" multiplies on the MXU
 ]
-# The MXU kernels, and the vector-unit product of a few rows (stejax.lm._kernel_vpu).
+# The MXU kernels, and the vector-unit product of a few rows (stejax.lowbit.kernels._vpu).
 METHODS = ["mxu", "vpu"]
 
 
@@ -367,9 +370,6 @@ def test_an_unknown_method_and_shapes_the_vector_unit_does_not_take_are_refused(
     q = _put(np.zeros((1, 256), np.int8))
     with pytest.raises(ValueError, match=r"int8_accumulate: method must be one of \('mxu', 'vpu'\); got 'gpu'"):
         int8_accumulate(q, _put(np.zeros((256, 128), np.int8)), interpret=True, method="gpu")
-    with pytest.raises(ValueError, match=r"kernel_method: method must be one of \('mxu', 'vpu'\); got 'tpu'"):
-        with kernel_method("tpu"):
-            pass
     with pytest.raises(ValueError, match=r"int8_accumulate: method='vpu' needs packed rows a multiple of 8; got 12"):
         twelve = _put(np.zeros((12, 128), np.int8))
         int8_accumulate(_put(np.zeros((1, 12), np.int8)), twelve, interpret=True, method="vpu")
@@ -383,15 +383,12 @@ def _kernel_dots(fn) -> int:
     return str(jax.make_jaxpr(fn)()).count("dot_general")
 
 
-def test_the_method_context_and_the_vpu_layers_choose_the_product_when_traced():
+def test_the_method_argument_and_the_layers_method_field_choose_the_product_when_traced():
     q, codes = _put(np.ones((1, 128), np.int8)), _put(np.ones((128, 128), np.int8))
-    assert _kernel_dots(lambda: int8_accumulate(q, codes, interpret=True)) > 0
-    with kernel_method("vpu"):
-        assert _kernel_dots(lambda: int8_accumulate(q, codes, interpret=True)) == 0
-        assert _kernel_dots(lambda: int8_accumulate(q, codes, interpret=True, method="mxu")) > 0
-        wide = _put(np.ones((9, 128), np.int8))  # more rows than the vector unit takes: the MXU kernel
-        assert _kernel_dots(lambda: int8_accumulate(wide, codes, interpret=True)) > 0
-    assert _kernel_dots(lambda: int8_accumulate(q, codes, interpret=True)) > 0  # the context is left
+    assert _kernel_dots(lambda: int8_accumulate(q, codes, interpret=True)) > 0  # "mxu" by default
+    assert _kernel_dots(lambda: int8_accumulate(q, codes, interpret=True, method="vpu")) == 0
+    wide = _put(np.ones((9, 128), np.int8))  # more rows than the vector unit takes: the MXU kernel
+    assert _kernel_dots(lambda: int8_accumulate(wide, codes, interpret=True, method="vpu")) > 0
     from stejax.lm._configs import CONFIGS
 
     layer = lowbit_linear(np.ones((128, 128), np.int8), np.ones((128,), np.float32), CONFIGS["w8a8"])
@@ -399,11 +396,17 @@ def test_the_method_context_and_the_vpu_layers_choose_the_product_when_traced():
     for method, dots in (("vpu", 0), ("mxu", 1)):
         model = with_kernel_method(layer, method)
         model.interpret = True
-        assert model.implementation == "pallas" and is_vpu_layer(model) == (method == "vpu")
+        assert model.implementation == "pallas" and model.method == method and type(model) is type(layer)
         assert (_kernel_dots(lambda model=model: model(x)) > 0) == bool(dots)
-    assert layer.implementation is None and not is_vpu_layer(layer)  # the original is left as it was
+    assert layer.implementation is None and layer.method == "mxu"  # the original is left as it was
+    # The method is a field of the layer's graph definition: a compiled step is cached per method.
+    assert nnx.graphdef(with_kernel_method(layer, "vpu")) != nnx.graphdef(with_kernel_method(layer, "mxu"))
     with pytest.raises(ValueError, match=r"with_kernel_method: method must be one of \('mxu', 'vpu'\)"):
         with_kernel_method(layer, "VPU")
+    with pytest.raises(ValueError, match=r"LowBitLinear: method must be one of \('mxu', 'vpu'\); got 'simd'"):
+        lowbit_linear(np.ones((128, 128), np.int8), np.ones((128,), np.float32), CONFIGS["w8a8"]).__class__(
+            "int8", codes, np.ones((128,), np.float32), in_features=128, out_features=128, input_bits=8, method="simd"
+        )
 
 
 def test_default_blocks_and_the_kernel_or_xla_predicates():
@@ -434,6 +437,59 @@ def test_default_blocks_and_the_kernel_or_xla_predicates():
     assert fused_grouped_blocks(3, 32, 64, "int4") == Blocks(48, 64)  # no multiple of 128: the whole axes
     assert fused_grouped_fits(16, 2048, 5632, 32, "int4") and not fused_grouped_fits(17, 2048, 5632, 32, "int4")
     assert not fused_grouped_fits(1, 2048, 5632, 48, "int4")  # 24 packed rows a group: not a power of two
+
+
+@pytest.mark.parametrize(
+    ("device_kind", "kernels"),
+    [
+        ("TPU v5 lite", True),  # the TPU v5e: the device suite passed compiled, and the kernels decode faster
+        (None, False),  # not a TPU: the CPU, a GPU
+        ("TPU v5", False),  # v5p, v6e, v4: not verified; v4 and TPU7x cannot multiply int8 on the MXU
+        ("TPU v6 lite", False),
+        ("TPU v4", False),
+        ("TPU7x", False),
+    ],
+)
+def test_the_automatic_choice_takes_the_kernels_on_the_verified_chips_only(monkeypatch, device_kind, kernels):
+    from stejax.lm._configs import CONFIGS
+    from stejax.lowbit.kernels import _skeleton
+
+    monkeypatch.setattr(_skeleton, "default_device_kind", lambda: device_kind)
+    assert _skeleton.kernel_backend() is kernels
+    assert set(VERIFIED_ON) == {"tpu v5 lite"}  # as docs/lm-decode.md states, with its evidence
+    for config, codes, scale in (
+        ("w8a8", np.ones((256, 128), np.int8), np.ones((128,), np.float32)),
+        ("w1.58a8", np.ones((256, 128), np.int8), np.float32(2.0)),
+        ("w4a8", np.ones((256, 128), np.int8), np.ones((8, 128), np.float32)),
+    ):
+        for ternary in ("int8", "2bit") if config == "w1.58a8" else ("int8",):
+            auto = lowbit_linear(codes, scale, CONFIGS[config], ternary=ternary)
+            assert auto._kernel(1) is kernels, (config, ternary)
+            assert auto._kernel(1024) is False  # a prefill's rows: XLA's product wherever it runs
+            assert lowbit_linear(codes, scale, CONFIGS[config], implementation="xla")._kernel(1) is False
+            assert lowbit_linear(codes, scale, CONFIGS[config], implementation="pallas")._kernel(1) is True
+    # On the verified chip the automatic layer traces the kernels (interpret mode here); elsewhere XLA's dot.
+    layer = lowbit_linear(np.ones((256, 128), np.int8), np.ones((128,), np.float32), CONFIGS["w8a8"])
+    layer.interpret = True
+    jaxpr = str(jax.make_jaxpr(layer)(_put(np.ones((1, 256), np.float32))))
+    assert ("pallas_call" in jaxpr) is kernels
+
+
+def test_supports_answers_from_shapes_and_never_raises():
+    assert supports("int8", rows=1, k=2048, n=5632) and supports("ternary-int8", rows=256, k=2048, n=5632)
+    assert not supports("int8", rows=257, k=2048, n=5632)  # a prefill
+    assert supports("ternary-2bit", rows=8, k=2048, n=5632) and not supports("ternary-2bit", rows=8, k=2046, n=5632)
+    assert supports("int4", rows=16, k=2048, n=5632, group=32) and not supports(
+        "int4", rows=17, k=2048, n=5632, group=32
+    )
+    assert supports("int2", rows=1, k=2048, n=5632, group=32)
+    assert not supports("int4", rows=1, k=2048, n=5632)  # grouped weights without a group
+    assert not supports("int4", rows=1, k=2048, n=5632, group=0) and not supports(
+        "int4", rows=1, k=100, n=128, group=32
+    )
+    assert not supports("float32", rows=1, k=2048, n=5632)
+    abstract = jax.ShapeDtypeStruct((1, 2048), jnp.float32)  # no device, no array: the static facts alone
+    assert supports("int8", rows=abstract.shape[0], k=abstract.shape[1], n=5632)
 
 
 def test_automatic_choice_is_xla_off_tpu_and_an_unknown_implementation_is_refused():
@@ -514,7 +570,7 @@ def test_vector_unit_logits_equal_the_xla_integer_path(artifacts, config, form):
     vpu = _with_kernels(xla, "vpu")
     layers = [(a, b) for (_, a), (_, b) in zip(nnx.iter_modules(xla), nnx.iter_modules(vpu), strict=True)]
     layers = [(a, b) for a, b in layers if isinstance(a, LowBitLinear) and a.in_features == TINY.width]
-    assert layers and all(is_vpu_layer(b) for _, b in layers)
+    assert layers and all(b.method == "vpu" for _, b in layers)
     # Each layer: the same integer sums, the same float rescaling, bit for bit (every layer of both, one program).
     outputs = apply_splits([nnx.split(layer) for pair in layers for layer in pair], x)
     for want_layer, got_layer in zip(outputs[::2], outputs[1::2], strict=True):

@@ -1,7 +1,7 @@
-r"""What the low-bit product kernels share: their block sizes, the rule those obey, and the kernel-or-XLA choice.
+r"""What the low-bit product kernels share: the accumulator, block sizes and their rule, the kernel-or-XLA choice.
 
-The kernels (:mod:`stejax.lm._kernel_int8`, :mod:`stejax.lm._kernel_ternary`,
-:mod:`stejax.lm._kernel_int4`) multiply a few rows of int8 input codes by a
+The kernels (:mod:`stejax.lowbit.kernels._int8`, :mod:`stejax.lowbit.kernels._ternary`,
+:mod:`stejax.lowbit.kernels._grouped`) multiply a few rows of int8 input codes by a
 weight matrix kept in HBM as integer codes, packed ``per`` to a byte. They tile
 the weights in blocks of ``block_k`` packed rows by ``block_n`` columns; the
 rows of the input are one block (decoding multiplies few rows). The grid walks
@@ -11,6 +11,11 @@ The TPU rule for a block: its last two dimensions are multiples of 8 and 128,
 or equal the whole array's. The weight block is ``(block_k, block_n)`` and the
 input block's last dimension is ``block_k``, so both must be multiples of 128
 or the whole dimension. :class:`Blocks` checks it and says which value broke it.
+
+Each kernel keeps an int32 accumulator in VMEM for its block of output columns: :func:`zero_accumulator` at the
+first step of the contraction, :func:`write_accumulator` (or a kernel's own epilogue under :func:`last_step`) at
+the last. The packed codes are unpacked by :func:`stejax.lowbit._packing.unpack_slices`, the inverse of the one
+packer :func:`stejax.lowbit.pack_groups`.
 
 Decoding sits far below the ridge of the MXU: its floor is the weights' bytes
 over the HBM bandwidth, so blocks are chosen large (fewer grid steps, each of
@@ -23,17 +28,22 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+from jax.experimental import pallas as pl
 
 __all__ = [
     "IMPLEMENTATIONS",
     "VERIFIED_ON",
     "Blocks",
-    "arrange_input",
     "default_blocks",
+    "default_device_kind",
+    "first_step",
     "int8_dot",
     "kernel_backend",
-    "unpack_slices",
+    "last_step",
+    "verified",
     "vmem_limit",
+    "write_accumulator",
+    "zero_accumulator",
 ]
 
 IMPLEMENTATIONS = (None, "xla", "pallas")
@@ -49,6 +59,35 @@ def int8_dot(x: jax.Array, w: jax.Array) -> jax.Array:
     return jax.lax.dot_general(
         x, w, (((1,), (0,)), ((), ())), precision=jax.lax.Precision.DEFAULT, preferred_element_type=jnp.int32
     )
+
+
+def first_step() -> jax.Array:
+    """Inside a kernel: whether this is the first step of the contraction (the grid's last axis, "arbitrary")."""
+    return pl.program_id(1) == 0
+
+
+def last_step() -> jax.Array:
+    """Inside a kernel: whether this is the last step of the contraction."""
+    return pl.program_id(1) == pl.num_programs(1) - 1
+
+
+def zero_accumulator(acc_ref: jax.Array) -> None:
+    """Inside a kernel: zero the int32 accumulator at the first step of the contraction.
+
+    The accumulator is scratch (VMEM), kept across the contraction's steps for one block of output columns.
+    """
+
+    @pl.when(first_step())
+    def _() -> None:
+        acc_ref[...] = jnp.zeros_like(acc_ref)
+
+
+def write_accumulator(acc_ref: jax.Array, out_ref: jax.Array) -> None:
+    """Inside a kernel: copy the accumulator to the output block at the last step of the contraction."""
+
+    @pl.when(last_step())
+    def _() -> None:
+        out_ref[...] = acc_ref[...]
 
 
 _LANES = 128
@@ -123,42 +162,41 @@ def default_blocks(rows_k: int, n: int, *, multiple_k: int = 1, fewest_k: bool =
     return Blocks(max(fitting) if fitting else min(ks), block_n)
 
 
-# TPU generations on which the kernels have been compiled and have matched their references (the device run of
-# tests/test_lm_kernels.py with compiled kernels). The automatic choice uses a kernel only there; until a chip has
-# run them, None means XLA everywhere and ``implementation="pallas"`` asks for the kernels explicitly.
-VERIFIED_ON: tuple[str, ...] = ()
+# The TPU generations on which ``implementation=None`` chooses the kernels, by ``device_kind`` (lower case), each
+# with its evidence. A generation joins when both hold there: the device suite (``make test-device``,
+# benchmarks/device_suite.py) has run the kernel tests compiled on the chip, every one passing, and the kernels
+# decode faster than XLA's product (benchmarks/lm_decode_device.sh). Elsewhere, the CPU included, None is XLA.
+VERIFIED_ON: dict[str, str] = {
+    "tpu v5 lite": (
+        "TPU v5e. docs/results/device_suite.json: the kernel tests (tests/test_lowbit_kernels.py, then named "
+        "tests/test_lm_kernels.py) 102 of 102 passed, compiled on the chip. docs/results/lm_decode_device.json: "
+        "the 1B model at batch 1 steps in 933 µs with 2-bit ternary kernels, 2,432 µs with int8 kernels and "
+        "2,632 µs with grouped int4 kernels, against 2,956 µs for its bfloat16 form on XLA."
+    ),
+}
+
+
+def verified(device_kind: str) -> bool:
+    """Whether a device of this kind (``jax.Device.device_kind``) is one of :data:`VERIFIED_ON`."""
+    return device_kind.strip().lower() in VERIFIED_ON
+
+
+def default_device_kind() -> str | None:
+    """The ``device_kind`` of the default backend's first device where that backend is a TPU, else None."""
+    if jax.default_backend() != "tpu":
+        return None
+    return jax.devices()[0].device_kind
 
 
 def kernel_backend() -> bool:
-    """Whether the default backend is a TPU whose MXU multiplies int8 by int8 (v5 and v6; not v4 or TPU7x) and
-    on which the kernels have matched their references (:data:`VERIFIED_ON`)."""
-    if jax.default_backend() != "tpu":
-        return False
-    kind = jax.devices()[0].device_kind.lower()
-    return any(tag in kind for tag in ("v5", "v6")) and any(tag in kind for tag in VERIFIED_ON)
+    """Whether the default backend's first device is a TPU of a generation in :data:`VERIFIED_ON`.
+
+    Read in Python when a layer is traced: a static fact, never a branch of the compiled program.
+    """
+    kind = default_device_kind()
+    return kind is not None and verified(kind)
 
 
 def vmem_limit(*buffers: int) -> int:
     """A VMEM limit for blocks of these bytes: each twice (double buffering), twice again for temporaries."""
     return int(min(max(4 * sum(buffers), 16 * 1024 * 1024), 100 * 1024 * 1024))
-
-
-def unpack_slices(packed: jax.Array, bits: int) -> list[jax.Array]:
-    """The ``8 // bits`` code slices of packed bytes (int8, any shape): slice ``k`` is bits ``k*bits ..``, int8.
-
-    Shifts and masks in int32 (the TPU's vector unit works on 32-bit words); a field holds ``code + 2**(bits-1)``.
-    The kernels and the references unpack with this one function.
-    """
-    words = packed.astype(jnp.int32)
-    mask, offset = (1 << bits) - 1, 1 << (bits - 1)
-    return [(((words >> (bits * k)) & mask) - offset).astype(jnp.int8) for k in range(8 // bits)]
-
-
-def arrange_input(x: jax.Array, group: int, per: int) -> jax.Array:
-    """Input codes ``(rows, k)`` in the order of packed rows: ``(per, rows, k // per)``.
-
-    Packed row ``g * (group // per) + j`` holds, in slice ``s``, the code of row ``g * group + s * (group // per) + j``
-    (:func:`stejax.lm._lowbit.pack_groups`); entry ``[s, r, g * (group // per) + j]`` is that row's input.
-    """
-    rows, k = x.shape
-    return x.reshape(rows, k // group, per, group // per).transpose(2, 0, 1, 3).reshape(per, rows, k // per)

@@ -8,11 +8,12 @@ conventions are those of :mod:`stejax.estimators.uniform`: the codes come from
 ``x * fl(1 / s)`` rounded half to even and clipped by two selects, in float32
 (float64 for float64 inputs), and the result is rounded to ``x``'s dtype once.
 
-:func:`integer_dot_general` (and :func:`integer_einsum`) is the training
-product: any ``dot_general`` with batch and contracting axes, dynamic absmax
-scales per token, per channel or per group, and a declared gradient whose two
-backward products run on int8 codes too, the cotangent quantised per row and
-per column (round to nearest, or stochastic with an explicit key).
+:func:`stejax.integer_dot_general` (and :func:`stejax.integer_einsum`,
+:mod:`stejax.lowbit._products`) is the training product: any ``dot_general``
+with batch and contracting axes, dynamic absmax scales per token, per channel or
+per group, and a declared gradient whose two backward products run on int8 codes
+too, the cotangent quantised per row and per column (round to nearest, or
+stochastic with an explicit key).
 """
 
 from __future__ import annotations
@@ -23,8 +24,6 @@ import numpy as np
 from jax.typing import ArrayLike
 
 from stejax.estimators._core import surrogate
-from stejax.estimators._int_products import integer_dot_general as integer_dot_general
-from stejax.estimators._int_products import integer_einsum as integer_einsum
 from stejax.estimators.uniform import (
     _clip,
     _compute_dtype,
@@ -33,7 +32,7 @@ from stejax.estimators.uniform import (
     integer_range,
 )
 
-__all__ = ["integer_dot_general", "integer_einsum", "quantized_matmul"]
+__all__ = ["quantized_matmul"]
 
 MAX_PRODUCT_BITS = 8
 _INT32_MAX = 2**31 - 1

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import stejax
-from stejax.estimators.products import quantized_matmul
+from stejax.lowbit import quantized_matmul
 from stejax.verify import check_surrogate
 
 DTYPES = ("float32", "bfloat16", "float16")

@@ -58,7 +58,7 @@ def test_the_declared_backward_matches_its_reference_bit_for_bit(options):
 def test_the_plain_form_is_the_canonical_form_bit_for_bit(lhs_scale, rhs_scale, rounding):
     # A dense layer's product (no batch axes, one group) keeps lhs's free axes (4, 16) instead of flattening
     # them to M = 64 rows: the same codes, scales, output and declared cotangents, bit for bit.
-    import stejax.estimators._int_products as module
+    import stejax.lowbit._products as module
 
     x, w = _operands(4)
     g = np.random.default_rng(5).standard_normal((4, 16, 48)).astype(np.float32)
@@ -97,7 +97,7 @@ def test_batch_axes_attention_scores_match_the_reference():
 
 
 def test_a_wrong_fold_is_caught_by_the_check(monkeypatch):
-    import stejax.estimators._int_products as module
+    import stejax.lowbit._products as module
 
     real = module._backward
 
