@@ -522,7 +522,15 @@ def merge(args: argparse.Namespace) -> None:
     recorder = Recorder("lm_scale", command="python benchmarks/lm_scale.py run|references|merge (see its docstring)")
     Path(args.results).mkdir(parents=True, exist_ok=True)
     # The conditions are the runs' (where they trained), not the merging machine's.
-    conditions = [r["conditions"] for r in runs if "conditions" in r]
+    # A run on a copy of the working tree names the commit whose tree it ran, where this repository has it.
+    from stejax.bench.results import resolve_commit
+
+    here = Path(__file__).resolve().parent
+    conditions = [
+        {**r["conditions"], "commit": resolve_commit(r["conditions"]["commit"], here)}
+        for r in runs
+        if "conditions" in r
+    ]
     first = conditions[0] if conditions else None
     if args.conditions:
         first = json.loads(Path(args.conditions).read_text("utf-8"))

@@ -20,6 +20,7 @@ from stejax.bench.results import (
     is_current,
     load_results,
     render_markdown,
+    resolve_commit,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -95,6 +96,33 @@ def _archived_repository(tmp_path: Path) -> tuple[Path, Path, str]:
     with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
         tar.extractall(out, filter="data")
     return repo, out, head
+
+
+def test_a_copy_with_an_older_history_names_the_commit_whose_tree_it_ran(tmp_path, monkeypatch):
+    # A remote machine's copy of the working tree: its files are a later commit's, its history stops before it.
+    repo, _, first = _archived_repository(tmp_path)
+    copy = tmp_path / "copy"
+    _git(tmp_path, "clone", "-q", str(repo), str(copy))
+    for tree in (repo, copy):
+        (tree / "pkg" / "__init__.py").write_text("VALUE = 2\n")
+        (tree / "pkg" / "new.py").write_text("")  # untracked in the copy: it ran all the same
+    _git(repo, "add", ".")
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "second")
+    second = _git(repo, "rev-parse", "HEAD")
+    monkeypatch.setattr("stejax.bench.results._measured_code", lambda: copy / "pkg" / "__init__.py")
+    (copy / "results").mkdir()
+    recorded = _write(copy / "results")["commit"]
+    assert recorded["id"] == first[:12] and recorded["uncommitted_changes"] is True
+    assert recorded["tree"] == _git(repo, "rev-parse", "HEAD^{tree}")
+    resolved = resolve_commit(recorded, repo)
+    assert resolved == {"id": second[:12], "uncommitted_changes": False, "tree": recorded["tree"]} | {
+        "recorded_id": first[:12]
+    }
+    # One byte more in the copy: no commit has its tree, and the record stays as it was.
+    (copy / "results" / "speed.json").unlink()
+    (copy / "pkg" / "new.py").write_text("x")
+    changed = _write(copy / "results")["commit"]
+    assert changed["tree"] != recorded["tree"] and resolve_commit(changed, repo) == changed
 
 
 @pytest.mark.skipif(not (ROOT / ".git").exists(), reason="needs the git checkout (an exported tree is stamped)")

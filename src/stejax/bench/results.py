@@ -63,6 +63,7 @@ __all__ = [
     "is_current",
     "load_results",
     "render_markdown",
+    "resolve_commit",
 ]
 
 FORMAT = "stejax-results/1"
@@ -167,7 +168,49 @@ def _commit(cwd: Path) -> dict[str, Any]:
     changed = [Path(top, path).resolve() for path in paths]
     # Results files beside this one (a script that writes several) are measurements, not changes to the code.
     changed = [path for path in changed if not (path.parent == cwd.resolve() and path.suffix == ".json")]
-    return {"id": head, "uncommitted_changes": bool(changed)}
+    if not changed:
+        return {"id": head, "uncommitted_changes": False}
+    # What did run: the git tree of every file git does not ignore, as it stood. A commit with that tree made
+    # elsewhere is the measured code (`resolve_commit`), whatever the copy's own history says.
+    tree = _working_tree(Path(top))
+    return {"id": head, "uncommitted_changes": True, **({} if tree is None else {"tree": tree})}
+
+
+def _working_tree(top: Path) -> str | None:
+    """The tree id of the files git does not ignore under ``top``, staged in a scratch index (not the real one)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as scratch:
+        env = {**os.environ, "GIT_INDEX_FILE": str(Path(scratch, "index"))}
+        try:
+            for args in (["add", "--all", "--", "."], ["write-tree"]):
+                done = subprocess.run(
+                    ["git", *args], cwd=top, env=env, capture_output=True, text=True, timeout=60, check=False
+                )
+                if done.returncode != 0:
+                    return None
+        except (OSError, subprocess.SubprocessError):
+            return None
+    return done.stdout.strip() or None
+
+
+def resolve_commit(commit: dict[str, Any], cwd: Path, *, search: int = 200) -> dict[str, Any]:
+    """``commit`` as recorded, or the commit here whose tree is the one that ran.
+
+    A copy of a working tree (a remote machine's, whose own history may be older) records ``uncommitted_changes``
+    and the git tree of its files (``tree``). When one of the last ``search`` commits of this repository has that
+    very tree, the measured code is that commit, byte for byte: it is returned as committed, with the tree kept
+    and the copy's own ``HEAD`` as ``recorded_id``. Otherwise ``commit`` is returned unchanged.
+    """
+    tree = commit.get("tree")
+    if not commit.get("uncommitted_changes") or not tree:
+        return dict(commit)
+    log = _git("log", f"-{search}", "--format=%H %T", cwd=cwd)
+    for line in (log or "").splitlines():
+        sha, commit_tree = line.split()
+        if commit_tree == tree:
+            return {"id": sha[:12], "uncommitted_changes": False, "tree": tree, "recorded_id": commit.get("id")}
+    return dict(commit)
 
 
 def _exported_commit(package: Path) -> dict[str, Any]:
