@@ -391,6 +391,51 @@ def llamacpp(args: argparse.Namespace) -> None:
         print(json.dumps({k: v for k, v in record.items() if k != "corpus_sha256"}), flush=True)
 
 
+def decode_check(args: argparse.Namespace) -> None:
+    """Each artifact decoded greedily from test prompts by :func:`stejax.lm.decode`, resident in low bits, against
+    the per-byte loop of the artifact's exported integer forward; with the decode rate where it ran."""
+    import jax
+    import numpy as np
+
+    from stejax.lm import build_corpus, decode, generate, load_lowbit
+
+    corpus = build_corpus(args.corpus)
+    test = np.asarray(corpus.data["test"])
+    # Prompts: the bytes after the first newlines of the test split, each 64 bytes long.
+    starts = [int(i) + 1 for i in np.flatnonzero(test[: 1 << 20] == ord("\n"))[::997][: args.prompts]]
+    prompts = [bytes(test[i : i + 64]) for i in starts]
+    key = jax.random.key(0)
+    for path in args.artifact:
+        loaded = load_lowbit(path, ternary=args.ternary, implementation=args.implementation)
+        with jax.debug_key_reuse(False):
+            loops = [generate(loaded.reference, p, tokens=args.tokens, key=key, temperature=0).tokens for p in prompts]
+        decode(loaded.model, prompts, tokens=args.tokens, key=key, temperature=0)  # compiles
+        got = decode(loaded.model, prompts, tokens=args.tokens, key=key, temperature=0)
+        same = sum(a == b for a, b in zip(got.texts, loops, strict=True))
+        first = [
+            next((i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y), len(a))
+            for a, b in zip(got.texts, loops, strict=True)
+        ]
+        record = {
+            "part": f"decode-{Path(path).name}",
+            "artifact": str(path),
+            "ternary": args.ternary,
+            "implementation": args.implementation or "automatic",
+            "device": str(jax.devices()[0].device_kind),
+            "prompts": len(prompts),
+            "tokens": args.tokens,
+            "rows_identical": same,
+            "first_difference": first,
+            "bytes_per_s": got.new_bytes / got.seconds,
+            "compiles": got.compiles,
+            "corpus_sha256": dict(corpus.sha256),
+            "machine": _machine_line(),
+        }
+        with open(args.log, "a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
+        print(json.dumps({k: v for k, v in record.items() if k != "corpus_sha256"}), flush=True)
+
+
 def _logged(paths: str | list[str]) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     for path in [paths] if isinstance(paths, str) else paths:
@@ -421,6 +466,7 @@ def merge(args: argparse.Namespace) -> None:
             r["size"] = r["size"] if r["model"]["tied"] else f"{r['size']} (untied head)"
     refs = logged.pop("references", None)
     parity = {k: logged.pop(k) for k in [k for k in logged if k.startswith("llamacpp-")]}
+    decoded = {k: logged.pop(k) for k in [k for k in logged if k.startswith("decode-")]}
     if not args.conditions:
         # Grid runs that carry no conditions of their own were measured at an older tree (their conditions file
         # describes them): without that file they stay in the log and out of the results. The rate sweep stays in.
@@ -511,6 +557,14 @@ def merge(args: argparse.Namespace) -> None:
                     met=ratio <= bound,
                     note="int8 products forward and backward, bfloat16 elsewhere, against the bfloat16 float step",
                 )
+    for name, r in decoded.items():
+        figures[f"{_slug(name)}_rows"] = Figure(
+            r["rows_identical"] / r["prompts"],
+            f"{r['rows_identical']} of {r['prompts']}",
+            target="every row",
+            met=r["rows_identical"] == r["prompts"],
+            note=f"greedy {r['tokens']} bytes, {r['ternary']} codes resident, against the per-byte loop",
+        )
     for name, r in parity.items():
         agreement, ratio = r["top1_agreement"], r["bpb_llamacpp"] / r["bpb_stejax"] - 1
         figures[f"{_slug(name)}_top1"] = Figure(
@@ -644,6 +698,14 @@ def main(argv: list[str] | None = None) -> None:
     p_cpp.add_argument("--log", required=True)
     p_cpp.add_argument("--artifact", type=Path, action="append", required=True, help="a folder `run --export` wrote")
     p_cpp.add_argument("--windows", type=int, default=32, help="test windows of the model's context scored")
+    p_dec = sub.add_parser("decode", help="greedy decoding of each artifact, resident in low bits, against the loop")
+    p_dec.add_argument("--corpus", required=True)
+    p_dec.add_argument("--log", required=True)
+    p_dec.add_argument("--artifact", type=Path, action="append", required=True, help="a folder `run --export` wrote")
+    p_dec.add_argument("--prompts", type=int, default=4, help="prompts of 64 test bytes")
+    p_dec.add_argument("--tokens", type=int, default=128, help="bytes decoded after each prompt")
+    p_dec.add_argument("--ternary", default="2bit", choices=("int8", "2bit"), help="ternary codes resident as")
+    p_dec.add_argument("--implementation", default=None, choices=("xla", "pallas"), help="default: the automatic one")
     p_ref = sub.add_parser("references", help="n-gram and compressor references on the scored bytes")
     p_ref.add_argument("--corpus", required=True)
     p_ref.add_argument("--log", required=True)
@@ -659,7 +721,8 @@ def main(argv: list[str] | None = None) -> None:
         "--conditions", default=None, help="a JSON file of the runs' commit, date, machine and load (older logs)"
     )
     args = parser.parse_args(argv)
-    {"run": run, "references": references, "merge": merge, "llamacpp": llamacpp}[args.command](args)
+    commands = {"run": run, "references": references, "merge": merge, "llamacpp": llamacpp, "decode": decode_check}
+    commands[args.command](args)
 
 
 if __name__ == "__main__":

@@ -114,11 +114,14 @@ def test_merge_writes_the_gaps_against_float_and_refuses_two_corpora(tmp_path):
 
     parity = {"part": "llamacpp-25M-w1.58a8-s0", "architecture": "bitnet", "top1_agreement": 0.985}
     parity |= {"bpb_stejax": 1.0, "bpb_llamacpp": 1.004, "corpus_sha256": {"train": "x"}}
-    log.write_text("".join(json.dumps(x) + "\n" for x in [*lines, parity]))
+    decoded = {"part": "decode-25M-w1.58a8-s0", "prompts": 4, "rows_identical": 3, "tokens": 128, "ternary": "2bit"}
+    log.write_text("".join(json.dumps(x) + "\n" for x in [*lines, parity, decoded]))
     grid.merge(args)
     figures = load_results(tmp_path / "r" / "lm_scale.json")["figures"]
     top1, bpb = figures["llamacpp_25M_w1_58a8_s0_top1"], figures["llamacpp_25M_w1_58a8_s0_bpb"]
     assert (top1["text"], top1["met"], bpb["text"], bpb["met"]) == ("98.5%", False, "+0.40%", True)
+    rows = figures["decode_25M_w1_58a8_s0_rows"]
+    assert (rows["text"], rows["met"]) == ("3 of 4", False)  # one row decoded another byte than the loop
 
     lines[1]["corpus_sha256"] = {"train": "y"}
     log.write_text("".join(json.dumps(x) + "\n" for x in lines))
