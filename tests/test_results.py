@@ -421,3 +421,34 @@ def test_the_host_cpu_is_what_the_machine_reports_or_not_available(
     monkeypatch.setattr(_machine, "_lscpu_model", lambda: lscpu)
     assert _machine.cpu_model() == expected
     assert _machine.machine_info()["cpu"] == expected
+
+
+def test_a_ratio_whose_spread_contains_one_reads_level_with():
+    level = Figure.ratio([1.03, 0.96, 1.01, 0.99, 1.05], bound=1.0)
+    assert level.text == "level with (0.96–1.05×)" and level.spread == (0.96, 1.01, 1.05)
+    assert level.met is False  # the slowest round is above the bound
+    faster = Figure.ratio([0.84, 0.80, 0.82, 0.85], bound=0.9, of="float's time")
+    assert (faster.text, faster.value, faster.met) == ("0.83× (0.80–0.85×) float's time", 0.83, True)
+    higher = Figure.ratio([1.9, 2.1, 2.0], bound=2.0, lower_is_better=False)
+    assert (higher.target, higher.met) == ("≥ 2.00×", False)  # one round below the bound
+    with pytest.raises(ValueError, match="at least one sample"):
+        Figure.ratio([])
+
+
+def test_the_writer_and_the_reader_refuse_a_target_met_by_a_straddling_spread(tmp_path):
+    with pytest.raises(ValueError, match=r"spread 0.97–1.04 is not wholly below the bound 1"):
+        Figure(1.0, "1.00×", target="≤ 1.00×", met=True, spread=(0.97, 1.0, 1.04), bound=1.0)
+    with pytest.raises(ValueError, match="in order"):
+        Figure(1.0, "1.00×", spread=(1.1, 1.0, 1.04))
+    with pytest.raises(ValueError, match="no `target`"):
+        Figure(1.0, "1.00×", bound=1.0)
+    ok = Figure(0.9, "0.90×", target="≤ 1.00×", met=True, spread=(0.85, 0.9, 0.95), bound=1.0)
+    Recorder("speed", command="c").write(
+        tmp_path / "speed.json", rows=[{"a": 1}], columns=[("a", "a")], figures={"r": ok}
+    )
+    doc = json.loads((tmp_path / "speed.json").read_text("utf-8"))
+    assert doc["figures"]["r"]["spread"] == [0.85, 0.9, 0.95]
+    doc["figures"]["r"]["spread"] = [0.85, 0.9, 1.02]  # edited by hand: the spread now straddles the bound
+    (tmp_path / "speed.json").write_text(json.dumps(doc), "utf-8")
+    with pytest.raises(ValueError, match="figure 'r': `met` is True"):
+        load_results(tmp_path / "speed.json")

@@ -84,6 +84,12 @@ class Figure:
       target: the target it is judged against, as text (``"≤ 1.05×"``), if any.
       met: whether the target was met; None without a target.
       note: one short sentence, if the figure needs one.
+      spread: ``(minimum, median, maximum)`` of the value over repeated rounds, if it was repeated.
+      bound: the target's number (``1.05`` of ``"≤ 1.05×"``), where a spread is judged against it.
+      lower_is_better: whether the target is met below ``bound`` (else above it).
+
+    A figure with a ``spread`` and a ``bound`` is met only when its whole spread is on the target's side:
+    ``met=True`` for a spread that straddles the bound is refused, here and when a results file is read.
     """
 
     value: float | int | str | None
@@ -91,16 +97,88 @@ class Figure:
     target: str | None = None
     met: bool | None = None
     note: str | None = None
+    spread: tuple[float, float, float] | None = None
+    bound: float | None = None
+    lower_is_better: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.text, str) or not self.text.strip():
             raise ValueError(f"Figure: `text` must be a non-empty string; got {self.text!r}.")
         if self.met is not None and self.target is None:
             raise ValueError(f"Figure {self.text!r}: `met` is {self.met} but there is no `target` to meet.")
+        if self.bound is not None and self.target is None:
+            raise ValueError(f"Figure {self.text!r}: `bound` is {self.bound} but there is no `target` it belongs to.")
+        _check_spread(self.to_dict(), f"Figure {self.text!r}")
+
+    @classmethod
+    def ratio(
+        cls,
+        samples: Sequence[float],
+        *,
+        bound: float | None = None,
+        lower_is_better: bool = True,
+        of: str = "",
+        note: str | None = None,
+    ) -> Figure:
+        """A ratio measured over repeated rounds: its median, its spread, and the target judged on the spread.
+
+        The text is the median with the spread (``"0.82× (0.80–0.85×)"``); a spread that contains 1 reads
+        ``"level with"`` (``"level with (0.97–1.04×)"``), since no round-to-round difference is then
+        told from none. ``of`` names what it is a ratio of (``"float's time"``), appended to the text.
+
+        Example:
+          >>> Figure.ratio([0.97, 1.01, 1.04], bound=1.0).text
+          'level with (0.97–1.04×)'
+          >>> f = Figure.ratio([0.80, 0.82, 0.85], bound=0.9)
+          >>> f.text, f.met, f.target
+          ('0.82× (0.80–0.85×)', True, '≤ 0.90×')
+        """
+        values = sorted(float(x) for x in samples)
+        if not values:
+            raise ValueError("Figure.ratio: expected at least one sample; got none.")
+        lo, hi = values[0], values[-1]
+        mid = (
+            values[len(values) // 2]
+            if len(values) % 2
+            else (values[len(values) // 2 - 1] + values[len(values) // 2]) / 2
+        )
+        text = f"level with ({lo:.2f}–{hi:.2f}×)" if lo <= 1.0 <= hi else f"{mid:.2f}× ({lo:.2f}–{hi:.2f}×)"
+        if of:
+            text += f" {of}"
+        met = None if bound is None else (hi <= bound if lower_is_better else lo >= bound)
+        target = None if bound is None else f"{'≤' if lower_is_better else '≥'} {bound:.2f}×"
+        return cls(
+            mid,
+            text,
+            target=target,
+            met=met,
+            note=note,
+            spread=(lo, mid, hi),
+            bound=bound,
+            lower_is_better=lower_is_better,
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """The fields as a JSON-ready dict."""
         return dataclasses.asdict(self)
+
+
+def _check_spread(figure: Mapping[str, Any], where: str) -> None:
+    """Refuse an unordered spread, and ``met`` claimed for a spread that is not wholly on the target's side."""
+    spread, bound = figure.get("spread"), figure.get("bound")
+    if spread is None:
+        return
+    if len(spread) != 3 or not spread[0] <= spread[1] <= spread[2]:
+        raise ValueError(f"{where}: `spread` must be (minimum, median, maximum) in order; got {spread!r}.")
+    if bound is None or figure.get("met") is not True:
+        return
+    lo, _, hi = spread
+    lower = figure.get("lower_is_better", True)
+    if (lower and hi > bound) or (not lower and lo < bound):
+        raise ValueError(
+            f"{where}: `met` is True, but the spread {lo:g}–{hi:g} is not wholly "
+            f"{'below' if lower else 'above'} the bound {bound:g} ({figure.get('target')}); expected met=False."
+        )
 
 
 def _load_average() -> float | None:
@@ -360,6 +438,7 @@ def check_results(doc: Mapping[str, Any], *, where: str = "results") -> None:
     for figure_key, figure in doc["figures"].items():
         if not isinstance(figure, Mapping) or not isinstance(figure.get("text"), str) or not figure["text"]:
             raise ValueError(f"{where}: figure {figure_key!r} needs a non-empty `text`; got {figure!r}.")
+        _check_spread(figure, f"{where}: figure {figure_key!r}")
     keys = [c.get("key") for c in doc["columns"]]
     if len(set(keys)) != len(keys):
         raise ValueError(f"{where}: column keys must be unique; got {keys}.")
