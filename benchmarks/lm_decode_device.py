@@ -10,6 +10,10 @@ its MXU (rows with ``"product": "pallas-vpu"``), e.g.::
 
     python benchmarks/lm_decode_device.py --model 1B --forms ternary-2bit@pallas,ternary-2bit@pallas-vpu --out p.json
 
+Low-bit models put each block's q/k/v side by side as one layer and its gate/up as another, as
+``stejax.lm.load_lowbit`` does by default (rows with ``"projections": "fused"``); ``--separate-projections``
+keeps one product per kernel (``"separate"``).
+
 ``benchmarks/lm_decode_device.sh`` runs the accelerator parts and merges them into
 ``docs/results/lm_decode_device.json``.
 """

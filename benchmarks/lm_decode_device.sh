@@ -11,7 +11,9 @@
 #
 # SET=kernels (the default; at most 7.6 minutes on a TPU v5e, mostly compilation, 60 to 100 s for each form of the
 # 1B model): the compiled kernel tests, then the 1B model at batch 1 in bfloat16 and with 2-bit ternary and int8
-# resident weights, each low-bit layer one Pallas call (FORM@pallas).
+# resident weights, each low-bit layer one Pallas call (FORM@pallas). Every low-bit model has each block's q/k/v
+# side by side as one layer and its gate/up as another (four Pallas calls a block; rows say "projections": "fused");
+# add --separate-projections to a part's arguments for one call per kernel.
 # SET=rest (at most 6.2 minutes): the 1B model with int4 weights at batch 1, and the 350M model at batch 1 in
 # bfloat16 and every low-bit form.
 # SET=vpu (about 6 minutes): the 1B model's low-bit forms by the vector-unit kernels (FORM@pallas-vpu), which

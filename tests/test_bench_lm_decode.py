@@ -67,7 +67,7 @@ def test_random_large_model_forms_and_accelerator_rows(tmp_path):
     from stejax.lowbit._packing import unpack_slices
 
     small = LMConfig(context=32, width=64, depth=1, heads=2, hidden=128)
-    model, params = random_model("small", "ternary-2bit", config=small)
+    model, params = random_model("small", "ternary-2bit", config=small, fuse_projections=False)
     layers = [m for _, m in nnx.iter_modules(model) if isinstance(m, LowBitLinear)]
     shapes = nnx.state(nnx.eval_shape(lambda: Transformer(small, rngs=nnx.Rngs(0))), nnx.Param)  # no program
     assert len(layers) == 7 and params == sum(int(x.size) for x in jax.tree.leaves(shapes))
@@ -122,7 +122,7 @@ def test_decode_bench_forms_choose_the_vector_unit_and_its_figures_compare_the_p
     from stejax.bench._lm_decode import _implementation, device_figures, main, random_model
 
     small = LMConfig(context=32, width=64, depth=1, heads=2, hidden=128)
-    model, _ = random_model("small", "ternary-2bit", implementation="pallas-vpu", config=small)
+    model, _ = random_model("small", "ternary-2bit", implementation="pallas-vpu", config=small, fuse_projections=False)
     layers = [m for _, m in nnx.iter_modules(model) if isinstance(m, LowBitLinear)]
     assert len(layers) == 7 and all(m.method == "vpu" and m.implementation == "pallas" for m in layers)
     assert _implementation(model, 1) == "pallas-vpu" and _implementation(model, 9) == "pallas"
@@ -152,3 +152,33 @@ def test_decode_bench_forms_choose_the_vector_unit_and_its_figures_compare_the_p
     assert "pallas-vpu" in figures["ternary_2bit_vs_bf16_1B"].note
     with pytest.raises(SystemExit):
         main(["--model", "1B", "--forms", "int8@cuda", "--out", str(tmp_path / "x.json")])
+
+
+def test_the_decode_bench_fuses_the_projections_by_default_and_records_it(tmp_path):
+    from stejax.bench._lm_decode import DEVICE_COLUMNS, _projections, device_rows, merge_device_results, random_model
+    from stejax.bench.results import Recorder
+    from stejax.lowbit.nnx import SplitLinear
+
+    small = LMConfig(context=32, width=64, depth=1, heads=2, hidden=128)
+    for form in ("int8", "int4", "ternary-int8", "ternary-2bit"):
+        model, _ = random_model("small", form, config=small)
+        layers = [m for _, m in nnx.iter_modules(model) if isinstance(m, LowBitLinear)]
+        assert len(layers) == 4 and _projections(model) == "fused", form
+        attn, mlp = model.blocks[0].attn, model.blocks[0].mlp
+        assert isinstance(attn.qkv, SplitLinear) and attn.qkv.widths == (64, 64, 64)
+        assert isinstance(mlp.gate_up, SplitLinear) and mlp.gate_up.widths == (128, 128)
+        assert not hasattr(attn, "q") and not hasattr(mlp, "gate")
+    separate, _ = random_model("small", "ternary-2bit", config=small, fuse_projections=False)
+    assert _projections(separate) == "separate"
+    rows = device_rows("small", ("ternary-2bit",), (1,), tokens=3, repeats=1, config=small, prompt_bytes=8)
+    rows += device_rows(
+        "small", ("ternary-2bit",), (1,), tokens=3, repeats=1, config=small, prompt_bytes=8, fuse_projections=False
+    )
+    assert [r["projections"] for r in rows] == ["fused", "separate"]
+    # Fused and separate rows of one form stand side by side in a merged file; a row without the field is a
+    # separate one (measured before projections were fused) and is replaced by a newer separate row.
+    old = {k: v for k, v in rows[1].items() if k != "projections"}
+    for i, part in enumerate(([old], rows)):
+        Recorder("lm_decode_device", command="test").write(tmp_path / f"p{i}.json", rows=part, columns=DEVICE_COLUMNS)
+    doc = merge_device_results([tmp_path / "p0.json", tmp_path / "p1.json"], tmp_path / "m.json", command="test")
+    assert [r["projections"] for r in doc["rows"]] == ["fused", "separate"]

@@ -112,7 +112,7 @@ def test_lowbit_logits_match_the_exported_integer_forward(artifacts, config, for
 def test_weights_stay_low_bit_in_the_compiled_step(artifacts):
     sizes = {}
     for config, form in (("w8a8", "int8"), ("w4a8", "int8"), ("w1.58a8", "2bit"), ("w1.58a8", "int8")):
-        loaded = _load(artifacts, config, form)
+        loaded = load_lowbit(artifacts[1][config], ternary=form, fuse_projections=False)
         layers = [m for _, m in nnx.iter_modules(loaded.model) if isinstance(m, LowBitLinear)]
         assert len(layers) == 7 * TINY.depth
         assert all(m.codes[...].dtype in (jnp.int8, jnp.uint8) for m in layers)
@@ -127,6 +127,23 @@ def test_weights_stay_low_bit_in_the_compiled_step(artifacts):
     scales = 4 * len(layers)  # one float32 scale per ternary tensor
     assert sizes[("w1.58a8", "2bit")]["linear"] <= float32 / 8 + scales
     assert sizes[("w1.58a8", "int8")]["linear"] == float32 / 4 + scales
+
+
+def test_fused_projections_stay_low_bit_in_the_compiled_step(artifacts):
+    # The default load: q/k/v one layer, gate/up another; four layers a block, each column with its own scale.
+    d, h = TINY.width, TINY.hidden
+    for config, form in (("w8a8", "int8"), ("w1.58a8", "2bit"), ("w1.58a8", "int8")):
+        loaded = _load(artifacts, config, form)
+        layers = [m for _, m in nnx.iter_modules(loaded.model) if isinstance(m, LowBitLinear)]
+        assert sorted(m.out_features for m in layers) == sorted([3 * d, d, 2 * h, d] * TINY.depth)
+        graphdef, state = nnx.split(loaded.model)
+        jaxpr = jax.make_jaxpr(lambda s, g=graphdef: nnx.merge(g, s)(jnp.zeros((1, 4), jnp.uint8)))(state)
+        dtypes = [str(v.aval.dtype) for v in jaxpr.jaxpr.invars]
+        assert dtypes.count("int8") + dtypes.count("uint8") == len(layers) == 4 * TINY.depth
+        if config == "w1.58a8":  # a float32 scale per column of q/k/v and gate/up, one for o and down
+            float32 = loaded.bytes["linear_float32"]
+            scales = 4 * TINY.depth * (3 * d + 2 * h + 2)
+            assert loaded.bytes["linear"] == float32 // (4 if form == "int8" else 16) + scales
 
 
 @pytest.mark.parametrize(

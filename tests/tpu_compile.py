@@ -80,6 +80,25 @@ def cases(place: SingleDeviceSharding):
                 (lambda x, c, s, f=form: fused_grouped_linear(x, c, s, form=f)),
                 (arg((1, rows, k), jnp.float32), packed, arg((k // 32, n), jnp.float32)),
             )
+    # Layers side by side as one call (stejax.lm.load_lowbit's fused projections): q, k and v of the 1B model
+    # (3 x 2048 columns), its gate and up (2 x 5632), and the 25M bench model's gate and up (2 x 1376: no multiple
+    # of 128 divides it, one column block). Ternary columns carry their own tensor's scale: a scale per column.
+    for k, n in ((2048, 3 * 2048), (2048, 2 * 5632), (512, 2 * 1376)):
+        x = arg((1, 1, k), jnp.float32)
+        for form in FUSED_FORMS:
+            codes = arg((1, k // 4, n) if form == "ternary-2bit" else (k, n), jnp.int8)
+            yield (
+                f"side by side {form} 1x{k}x{n}",
+                (lambda x, c, s, f=form: fused_linear(x, c, s, form=f)),
+                (x, codes, arg((1, n), jnp.float32)),
+            )
+        for form in GROUPED_FORMS:
+            packed = arg((k // 32, 32 * (4 if form == "int4" else 2) // 8, n), jnp.int8)
+            yield (
+                f"side by side {form} 1x{k}x{n}",
+                (lambda x, c, s, f=form: fused_grouped_linear(x, c, s, form=f)),
+                (x, packed, arg((k // 32, n), jnp.float32)),
+            )
     yield "control: bare int8 jnp.dot", _bare_int8_dot, (arg((128, 128), jnp.int8), arg((128, 128), jnp.int8))
 
 

@@ -664,7 +664,13 @@ HBM_BYTES_PER_S = 819e9  # TPU v5e
 
 
 def random_model(
-    name: str, form: str, *, seed: int = 0, implementation: str | None = None, config: Any = None
+    name: str,
+    form: str,
+    *,
+    seed: int = 0,
+    implementation: str | None = None,
+    config: Any = None,
+    fuse_projections: bool = True,
 ) -> tuple[Any, int]:
     """A model of :data:`LARGE` (or of ``config``) with random weights in a resident ``form``, on the device.
 
@@ -672,7 +678,9 @@ def random_model(
     (``nnx.eval_shape``), each parameter drawn on the device in its own type, and each quantised linear made
     directly as random integer codes (packed as :func:`stejax.lowbit.pack_groups` packs them) and scales.
     ``implementation``: the layers' product (:class:`stejax.lm.LowBitLinear`), or ``"pallas-vpu"``: the Pallas
-    kernels multiplying a few rows on the vector unit (``method="vpu"``).
+    kernels multiplying a few rows on the vector unit (``method="vpu"``). ``fuse_projections``: each block's
+    q, k and v, and its gate and up, as one layer side by side (:class:`stejax.lowbit.nnx.SplitLinear`), as
+    :func:`stejax.lm.load_lowbit` loads them by default; False: one layer per kernel.
     Returns the model and its parameter count (the float architecture's).
 
     Raises:
@@ -681,7 +689,8 @@ def random_model(
     from flax import nnx
 
     from stejax.lm import LMConfig, LowBitLinear, Transformer, quantised_paths
-    from stejax.lm._lowbit import _set_module
+    from stejax.lm._lowbit import FUSED_PROJECTIONS, _delete_module, _set_module
+    from stejax.lowbit.nnx import SplitLinear
 
     method = "mxu"
     if implementation == "pallas-vpu":
@@ -710,18 +719,32 @@ def random_model(
             value = (jax.random.normal(jax.random.fold_in(key, i), shape, jnp.float32) * 0.02).astype(dtype)
         leaves.append((path, leaf.replace(value)))
     model = nnx.merge(graphdef, nnx.from_flat_state(leaves))
-    for j, site in enumerate(sorted(sites)):
+    # The layers to make: (site, k, output widths, the float sites whose columns it holds).
+    made: list[tuple[str, int, list[int], list[str]]] = []
+    for site in sorted(sites):
         node: Any = abstract
         for part in site.split("/"):
             node = node[int(part)] if part.isdigit() else getattr(node, part)
-        k, n = node.in_features, node.out_features
+        made.append((site, node.in_features, [node.out_features], [site]))
+    if fuse_projections:
+        for module, fused, names in FUSED_PROJECTIONS:
+            for parent in sorted({s.rpartition("/")[0] for s in sites if s.rpartition("/")[0].endswith("/" + module)}):
+                parts = [m for m in made if m[0] in {f"{parent}/{name}" for name in names}]
+                if len(parts) == len(names):
+                    parts.sort(key=lambda m: names.index(m[0].rpartition("/")[2]))
+                    made = [m for m in made if m not in parts]
+                    made.append((f"{parent}/{fused}", parts[0][1], [m[2][0] for m in parts], [m[0] for m in parts]))
+    for j, (site, k, widths, parts_of) in enumerate(sorted(made)):
+        n = sum(widths)
         layer = jax.random.fold_in(key, 10_000 + j)
         shape = {"in_features": k, "out_features": n, "input_bits": 8}
         shape |= {"implementation": implementation, "method": method}
+        # One ternary scale per tensor, or per column where tensors sit side by side (as load_lowbit keeps them).
+        ternary_scale = jnp.float32(50.0) if len(widths) == 1 else jnp.full((n,), 50.0, jnp.float32)
         if form in ("int8", "ternary-int8"):
             low = -127 if form == "int8" else -1
             codes = jax.random.randint(layer, (k, n), low, -low + 1, jnp.int32).astype(jnp.int8)
-            scale = jnp.full((n,), 0.01, jnp.float32) if form == "int8" else jnp.float32(50.0)
+            scale = jnp.full((n,), 0.01, jnp.float32) if form == "int8" else ternary_scale
         elif form == "int4":  # every byte is two valid int4 codes
             codes = jax.random.randint(layer, (k // 32, 16, n), -128, 128, jnp.int32).astype(jnp.int8)
             scale = jnp.full((k // 32, n), 0.01, jnp.float32)
@@ -729,8 +752,14 @@ def random_model(
             fields = jax.random.randint(layer, (4, 1, k // 4, n), 1, 4, jnp.int32)
             words = fields[0] | (fields[1] << 2) | (fields[2] << 4) | (fields[3] << 6)
             codes = words.astype(jnp.uint8).view(jnp.int8)
-            scale = jnp.float32(50.0)
-        _set_module(model, site, LowBitLinear(form, codes, scale, **shape))
+            scale = ternary_scale
+        linear = LowBitLinear(form, codes, scale, **shape)
+        if len(widths) == 1:
+            _set_module(model, site, linear)
+            continue
+        _set_module(model, site, SplitLinear(linear, widths))
+        for part in parts_of:
+            _delete_module(model, part)
     return model, params
 
 
@@ -804,6 +833,16 @@ def _implementation(model: Any, rows: int) -> str:
     return "pallas-vpu" if rows <= VPU_MOST_ROWS and all(m.method == "vpu" for m in layers) else "pallas"
 
 
+def _projections(model: Any) -> str:
+    """``"fused"`` when the model's projections of one input run as one product (:class:`SplitLinear` layers),
+    else ``"separate"`` (one product per kernel; every float model)."""
+    from flax import nnx
+
+    from stejax.lowbit.nnx import SplitLinear
+
+    return "fused" if any(isinstance(m, SplitLinear) for _, m in nnx.iter_modules(model)) else "separate"
+
+
 def _timed_decode(model: Any, prompts: Sequence[bytes], tokens: int) -> tuple[float, float, int, int]:
     from stejax.lm import decode
 
@@ -823,6 +862,7 @@ def device_rows(
     implementation: str | None = None,
     config: Any = None,
     prompt_bytes: int = PROMPT_BYTES,
+    fuse_projections: bool = True,
 ) -> list[dict[str, Any]]:
     """Rows of the compiled decode of a :data:`LARGE` model on the default device, one per form and batch.
 
@@ -836,6 +876,8 @@ def device_rows(
         device            str    the accelerator (``device_kind``)
         implementation    str    "pallas" (the MXU kernels), "pallas-vpu" (the vector-unit kernels) or "xla"
                                  for low-bit forms; "xla" for float
+        projections       str    "fused" (each block's q/k/v one product, gate/up another:
+                                 ``fuse_projections``, the default) or "separate" (one per kernel; float)
         step_us           float  median wall time of one decoding step (all rows), prefill excluded
         decode_bytes_per_s float  bytes of all rows per second of decoding steps (batch / step)
         roofline          float  resident weight bytes per step x steps per second / 819 GB/s
@@ -848,8 +890,11 @@ def device_rows(
     prompts = bench_prompts(max(batches), prompt_bytes)
     rows = []
     for form in forms:
-        model, params = random_model(name, form, implementation=implementation, config=config)
+        model, params = random_model(
+            name, form, implementation=implementation, config=config, fuse_projections=fuse_projections
+        )
         resident = weight_bytes(model)["resident"]
+        projections = _projections(model)
         for batch in batches:
             for _ in range(warmup):
                 _timed_decode(model, prompts[:batch], tokens)
@@ -868,6 +913,7 @@ def device_rows(
                     "config": form,
                     "weights": form,
                     "implementation": _implementation(model, batch),
+                    "projections": projections,
                     "batch": batch,
                     "path": "compiled",
                     "new_bytes": tokens,
@@ -895,6 +941,7 @@ def device_rows(
                     "config": form,
                     "weights": form,
                     "implementation": "xla",
+                    "projections": projections,
                     "batch": 1,
                     "path": "loop",
                     "new_bytes": loop_bytes,
@@ -917,6 +964,7 @@ DEVICE_COLUMNS: list[tuple[str, str] | tuple[str, str, str]] = [
     ("model", "model"),
     ("weights", "form"),
     ("implementation", "product"),
+    ("projections", "projections"),
     ("batch", "batch"),
     ("path", "path"),
     ("decode_bytes_per_s", "bytes/s", "{:,.0f}"),
@@ -942,7 +990,9 @@ def device_figures(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     from stejax.bench.results import Figure
 
     def rate(model: str, weights: str, batch: int = 1, path: str = "compiled") -> dict[str, Any] | None:
-        return _find(rows, model=model, weights=weights, batch=batch, path=path)
+        """The fastest row of these (rows of one form may differ in product and projections)."""
+        found = [r for r in rows if (r["model"], r["weights"], r["batch"], r["path"]) == (model, weights, batch, path)]
+        return max(found, key=lambda r: r["decode_bytes_per_s"], default=None)
 
     out: dict[str, Any] = {}
     bf16 = rate("1B", "bfloat16")
@@ -963,10 +1013,13 @@ def device_figures(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
                     f"{ratio:.2f}×",
                     target=f"≥ {bound}×",
                     met=ratio >= bound,
-                    note=f"1B, batch 1, the fastest product measured ({row['implementation']})"
+                    note=f"1B, batch 1, the fastest product measured ({row['implementation']}"
+                    + (", projections fused" if row.get("projections") == "fused" else "")
+                    + ")"
                     + _commits_apart(row, bf16),
                 )
-            by = {r["implementation"]: r for r in found}
+            # Each product's fastest row (fused or separate projections).
+            by = {r["implementation"]: r for r in sorted(found, key=lambda r: r["decode_bytes_per_s"])}
             if "pallas" in by and "pallas-vpu" in by:
                 ratio = by["pallas-vpu"]["decode_bytes_per_s"] / by["pallas"]["decode_bytes_per_s"]
                 out[f"{weights.replace('-', '_')}_vpu_vs_mxu_1B"] = Figure(
@@ -1019,8 +1072,8 @@ def merge_device_results(paths: Sequence[str | Path], out: str | Path, *, comman
 
     Parts may come from several runs (a results file written before counts as a part). Each row keeps the
     commit and date of the run that measured it (``commit`` and ``date`` fields); a later part's row replaces an
-    earlier one of the same model, form, product, batch and path. The file's conditions (commit, date, machine,
-    load) are the latest run's.
+    earlier one of the same model, form, product, projections, batch and path. The file's conditions (commit,
+    date, machine, load) are the latest run's.
 
     Raises:
       ValueError: parts measured on different devices.
@@ -1035,7 +1088,11 @@ def merge_device_results(paths: Sequence[str | Path], out: str | Path, *, comman
     for part in parts:
         for row in part["rows"]:
             row = {**row, "commit": row.get("commit", part["commit"].get("id")), "date": row.get("date", part["date"])}
-            key = tuple(row.get(k) for k in ("model", "weights", "implementation", "batch", "path"))
+            # Rows without "projections" predate fused projections: one product per kernel.
+            key = (
+                *(row.get(k) for k in ("model", "weights", "implementation", "batch", "path")),
+                row.get("projections", "separate"),
+            )
             rows.pop(key, None)  # the newer measurement, in the newer one's place
             rows[key] = row
     latest = max(parts, key=lambda part: part["date"])
@@ -1081,6 +1138,11 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "python benchmarks/lm
         choices=("xla", "pallas", "pallas-vpu"),
         help="the low-bit product of every form (a form written FORM@PRODUCT names its own)",
     )
+    parser.add_argument(
+        "--separate-projections",
+        action="store_true",
+        help="one product per kernel (by default each block's q/k/v are one product and its gate/up another)",
+    )
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
     recorder = Recorder("lm_decode_device", command=f"{prog} {' '.join(argv or [])}".strip())
@@ -1113,6 +1175,7 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "python benchmarks/lm
                 repeats=args.repeats,
                 loop_bytes=args.loop_bytes,
                 implementation=product or args.implementation,
+                fuse_projections=not args.separate_projections,
             )
         except Exception as error:  # a form that fails on this device is reported, not timed
             print(f"{args.model} {spec}: not measured: {type(error).__name__}: {str(error)[:2000]}", file=sys.stderr)
@@ -1120,7 +1183,8 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "python benchmarks/lm
         recorder.write(args.out, rows=rows, columns=DEVICE_COLUMNS, figures=device_figures(rows))
         for r in rows[-len(args.batches.split(",")) :]:
             print(
-                f"{r['model']} {r['weights']} {r['implementation']} batch {r['batch']}: {r['decode_bytes_per_s']:,.0f} "
+                f"{r['model']} {r['weights']} {r['implementation']} ({r['projections']} projections) batch "
+                f"{r['batch']}: {r['decode_bytes_per_s']:,.0f} "
                 f"bytes/s, step {r['step_us']:,.0f} us, first byte {r['first_byte_ms']:.1f} ms, roofline "
                 f"{r['roofline']:.0%}, compiles {r['compiles']}",
                 flush=True,

@@ -233,7 +233,7 @@ def _step(
         h_in = block.attn_norm(x)
         b, _, d = h_in.shape
         split = (b, 1, attn.heads, d // attn.heads)
-        q, k, v = attn.q(h_in).reshape(split), attn.k(h_in).reshape(split), attn.v(h_in).reshape(split)
+        q, k, v = (p.reshape(split) for p in attn.projections(h_in))
         if attn.rotary:
             q, k = _rotary_rows(q, positions), _rotary_rows(k, positions)
         keys = jax.lax.dynamic_update_slice(layer.keys, k.astype(layer.keys.dtype), (0, slot, 0, 0))

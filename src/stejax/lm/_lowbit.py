@@ -19,6 +19,13 @@ integer dot with int32 accumulation, rescaled once:
   either as int8 (one byte a weight, ``ternary="int8"``) or packed four to a
   byte (``ternary="2bit"``) and unpacked in the step.
 
+By default the projections that read one input are loaded side by side as one layer
+(:class:`stejax.lowbit.nnx.SplitLinear`): a block's queries, keys and values in
+one product, its SwiGLU gate and up in another, so that a block issues four
+products where it would issue seven. Each column keeps its own scale (a ternary
+tensor's one scale is repeated over its columns), so the outputs equal the
+separate layers' bit for bit.
+
 Integer sums are exact, so the layer differs from the exported model's
 fake-quantised float product (:attr:`LMArtifact.model`) only by float32
 rounding of the products' sum and of the rescaling. Everything else (embedding,
@@ -41,10 +48,18 @@ import numpy as np
 from flax import nnx
 
 from stejax.lm._configs import LMQuant
-from stejax.lowbit._layer import LowBitLinear, Resident, on_device
+from stejax.lowbit._layer import LowBitLinear, Resident, SplitLinear, on_device
 from stejax.lowbit._packing import pack_groups, unpack
 
-__all__ = ["TERNARY_FORMS", "LowBitLM", "load_lowbit", "lowbit_linear", "weight_bytes"]
+__all__ = [
+    "FUSED_PROJECTIONS",
+    "TERNARY_FORMS",
+    "LowBitLM",
+    "load_lowbit",
+    "lowbit_linear",
+    "side_by_side",
+    "weight_bytes",
+]
 
 # Ternary codes in memory: int8 (one byte each) or 2 bits each, unpacked in the step.
 # The default is the faster on the measured CPU (docs/lm.md, "Fast decoding").
@@ -94,6 +109,34 @@ def lowbit_linear(
         raise ValueError(f"lowbit: {bits}-bit weights need groups along the contraction axis; got group None.")
     form = "int4" if bits == 4 else "int2"
     return LowBitLinear(form, pack_groups(codes, config.group, bits), scale, **shape)
+
+
+# The projections loaded as one product: (the module, the fused layer's name, its parts in output order).
+FUSED_PROJECTIONS = (("attn", "qkv", ("q", "k", "v")), ("mlp", "gate_up", ("gate", "up")))
+
+
+def side_by_side(parts: list[tuple[np.ndarray, Any]], config: LMQuant) -> tuple[np.ndarray, np.ndarray]:
+    """Integer codes ``(in, out_i)`` and compact scales of linears of one input as one layer's codes and scale.
+
+    Codes are concatenated along the output axis, and so are per-channel (int8) and per-group (int4, int2)
+    scales. A ternary kernel's one scale becomes a scale per column, its value repeated over the kernel's
+    columns: each column's rescale is then the one-scale layer's float operations on the same values.
+
+    Raises:
+      ValueError: codes with different contraction lengths.
+    """
+    if len({codes.shape[0] for codes, _ in parts}) != 1:
+        raise ValueError(
+            f"side_by_side: the parts must share the contraction axis; got codes of shapes "
+            f"{[codes.shape for codes, _ in parts]}."
+        )
+    codes = np.concatenate([c for c, _ in parts], axis=1)
+    if config.weight_bits == 1.58:
+        columns = [np.full((c.shape[1],), np.asarray(s, np.float32).reshape(()), np.float32) for c, s in parts]
+        return codes, np.concatenate(columns)
+    if config.weight_bits == 8:
+        return codes, np.concatenate([np.asarray(s, np.float32).reshape(c.shape[1]) for c, s in parts])
+    return codes, np.concatenate([np.asarray(s, np.float32) for _, s in parts], axis=1)
 
 
 def weight_bytes(model: nnx.Module) -> dict[str, int]:
@@ -151,8 +194,29 @@ def _set_module(root: nnx.Module, path: str, module: nnx.Module) -> None:
     setattr(node, last, module)
 
 
+def _fused_site(site: str) -> tuple[str, str, tuple[str, ...]] | None:
+    """``("blocks/0/attn", "qkv", ("q", "k", "v"))`` for a site that is a part of a fused projection, else None."""
+    parent, _, name = site.rpartition("/")
+    for module, fused, names in FUSED_PROJECTIONS:
+        if parent.endswith("/" + module) and name in names:
+            return parent, fused, names
+    return None
+
+
+def _delete_module(root: nnx.Module, path: str) -> None:
+    *parents, last = path.split("/")
+    node: Any = root
+    for part in parents:
+        node = node[int(part)] if part.isdigit() else getattr(node, part)
+    delattr(node, last)
+
+
 def load_lowbit(
-    path: str | os.PathLike, *, ternary: str = DEFAULT_TERNARY, implementation: str | None = None
+    path: str | os.PathLike,
+    *,
+    ternary: str = DEFAULT_TERNARY,
+    implementation: str | None = None,
+    fuse_projections: bool = True,
 ) -> LowBitLM:
     """Verify an LM artifact and load it with its quantised linears resident in exported integer form.
 
@@ -166,6 +230,10 @@ def load_lowbit(
         (four to a byte, unpacked in the step).
       implementation: the quantised layers' integer product (:class:`LowBitLinear`): None chooses the Pallas
         kernel on a TPU for shapes it suits, ``"xla"`` or ``"pallas"`` forces one.
+      fuse_projections: load each block's query, key and value kernels side by side as one layer
+        (``attn.qkv``), and SwiGLU's gate and up kernels as another (``mlp.gate_up``), each a
+        :class:`stejax.lowbit.nnx.SplitLinear`: one product each, with the same outputs bit for bit (True, the
+        default); False keeps one layer per kernel. Parts that are not all quantised stay apart.
 
     Raises:
       stejax.artifacts.ArtifactError: a missing, changed or unlisted file, an edited manifest, or a tensor that
@@ -193,7 +261,16 @@ def load_lowbit(
     values: dict[str, jax.Array] = {}
     scales: dict[str, jax.Array] = {}
     stored: dict[str, np.ndarray] = {}
-    layers: dict[str, LowBitLinear] = {}
+    layers: dict[str, LowBitLinear | SplitLinear] = {}
+    # Parts of a fused projection, kept on the host (codes and scale) until the last of them is read.
+    waiting: dict[str, dict[str, tuple[np.ndarray, np.ndarray]]] = {}
+    fused_parts: dict[str, str] = {}  # a part's site -> its fused layer's site
+
+    def fusing(site: str) -> tuple[str, str, tuple[str, ...]] | None:
+        found = _fused_site(site) if fuse_projections else None
+        if found is None or not all(f"{found[0]}/{name}" in quantised for name in found[2]):
+            return None
+        return found
 
     def make_layer(site: str) -> None:
         entry = quantised[site]
@@ -203,7 +280,28 @@ def load_lowbit(
             codes = unpack(stored.pop(site), entry["container"], math.prod(shape), context=context).reshape(shape)
         except ValueError as e:
             raise ArtifactError(str(e)) from None
-        layers[site] = lowbit_linear(codes, scales.pop(site), config, ternary=ternary, implementation=implementation)
+        found = fusing(site)
+        if found is None:
+            layers[site] = lowbit_linear(
+                codes, scales.pop(site), config, ternary=ternary, implementation=implementation
+            )
+            return
+        parent, fused, names = found
+        parts = waiting.setdefault(f"{parent}/{fused}", {})
+        parts[site.rpartition("/")[2]] = (codes, np.asarray(scales.pop(site), np.float32))
+        if len(parts) < len(names):
+            return
+        del waiting[f"{parent}/{fused}"]
+        ordered = [parts.pop(name) for name in names]
+        try:
+            joined, scale = side_by_side(ordered, config)
+        except ValueError as e:
+            raise ArtifactError(f"load_lowbit: {where}: {parent}/{fused}: {e}") from None
+        widths = [codes.shape[1] for codes, _ in ordered]
+        del ordered, parts
+        layer = lowbit_linear(joined, scale, config, ternary=ternary, implementation=implementation)
+        layers[f"{parent}/{fused}"] = SplitLinear(layer, widths)
+        fused_parts.update({f"{parent}/{name}": f"{parent}/{fused}" for name in names})
 
     for name, value in iter_lm_tensors(root, manifest):
         site, _, leaf = name.rpartition("/")
@@ -224,7 +322,9 @@ def load_lowbit(
         name = "/".join(str(p) for p in key)
         site = name.rsplit("/", 1)[0]
         if site in quantised and name.endswith("/kernel"):
-            if site not in layers:
+            found = _fused_site(site)
+            held = found is not None and site.rpartition("/")[2] in waiting.get(f"{found[0]}/{found[1]}", {})
+            if site not in layers and site not in fused_parts and not held:  # (a held part: its sibling is missing)
                 part = "codes" if site not in stored else "scale"
                 raise ArtifactError(f"{where}: lacks {site + '/' + part!r}, a quantised linear of the model.")
             leaves.append((key, leaf.replace(jnp.zeros((), jnp.float32))))  # replaced by its LowBitLinear below
@@ -235,5 +335,7 @@ def load_lowbit(
     model = nnx.merge(graphdef, nnx.from_flat_state(leaves))
     for site, layer in sorted(layers.items()):
         _set_module(model, site, layer)
+    for site in sorted(fused_parts):  # the parts' placeholders: their columns are in the fused layer
+        _delete_module(model, site)
     form = ternary if config.weight_bits == 1.58 else None
     return LowBitLM(model, config, form, weight_bytes(model), root)

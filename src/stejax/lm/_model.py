@@ -231,12 +231,19 @@ class Attention(nnx.Module):
             self.o_norm = nnx.RMSNorm(d, epsilon=RMS_EPS, rngs=rngs)
         self.o = _linear(d, d, rngs)
 
+    def projections(self, x: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """The queries, keys and values ``(batch, time, width)`` of ``x``: three products, or one where a loader
+        has put the three kernels side by side in one layer ``qkv`` (:func:`stejax.lm.load_lowbit`)."""
+        if hasattr(self, "qkv"):
+            return self.qkv(x)
+        return self.q(x), self.k(x), self.v(x)
+
     def __call__(
         self, x: jax.Array, positions: jax.Array, cache: LayerCache | None, start: Any
     ) -> tuple[jax.Array, LayerCache | None]:
         b, t, d = x.shape
         split = (b, t, self.heads, d // self.heads)
-        q, k, v = self.q(x).reshape(split), self.k(x).reshape(split), self.v(x).reshape(split)
+        q, k, v = (p.reshape(split) for p in self.projections(x))
         if self.rotary:
             q, k = rotary(q, positions), rotary(k, positions)
         if cache is None:
@@ -272,8 +279,19 @@ class MLP(nnx.Module):
             self.down_norm = nnx.RMSNorm(h, epsilon=RMS_EPS, rngs=rngs)
         self.down = _linear(h, d, rngs)
 
+    def gate_and_up(self, x: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """SwiGLU's gate and up projections of ``x``: two products, or one where a loader has put the two
+        kernels side by side in one layer ``gate_up`` (:func:`stejax.lm.load_lowbit`)."""
+        if hasattr(self, "gate_up"):
+            return self.gate_up(x)
+        return self.gate(x), self.up(x)
+
     def __call__(self, x: jax.Array) -> jax.Array:
-        u = jax.nn.silu(self.gate(x)) * self.up(x) if self.swiglu else jax.nn.gelu(self.up(x))
+        if self.swiglu:
+            gate, up = self.gate_and_up(x)
+            u = jax.nn.silu(gate) * up
+        else:
+            u = jax.nn.gelu(self.up(x))
         return self.down(self.down_norm(u) if self.subln else u)
 
 

@@ -89,7 +89,7 @@ def _check(x: jax.Array, codes: jax.Array, scale: jax.Array, form: str, bits: in
         if codes.ndim != 2:
             raise ValueError(f"{where}: expected int8 codes of shape (k, n); got {codes.shape}.")
         k, n = codes.shape
-    want = ((n,), (1, n)) if form == "int8" else ((),)
+    want = ((n,), (1, n)) if form == "int8" else ((), (n,), (1, n))
     if scale.shape not in want:
         shapes = " or ".join(str(w) for w in want)
         raise ValueError(f"{where}: expected a scale of shape {shapes} for {form}; got {scale.shape}.")
@@ -203,7 +203,8 @@ def _body(
     bits: int,
 ) -> None:
     # x (rows, k) float, the whole input; w (block_k, block_n) int8 codes or packed bytes; scale (1, block_n)
-    # float32 for int8, (1,) float32 in SMEM for ternary; out (rows, block_n) float32.
+    # float32 for int8 and per-column ternary, (1,) float32 in SMEM for one ternary scale; out (rows, block_n)
+    # float32.
     # Scratch: xf (rows to a multiple of 8, k) float32; q (k blocks, per, rows to a multiple of 32, block_k) int8;
     # m (rows to 8, 1) float32, the row maxima; offset (k blocks, rows to 32, 1) int32, the ternary fields'
     # +2 times the block's input sums; acc (rows to 32, block_n) int32.
@@ -253,7 +254,7 @@ def _body(
 
     @pl.when(last_step())
     def _rescale() -> None:
-        scale = scale_ref[...] if form == "int8" else scale_ref[0]
+        scale = scale_ref[0] if len(scale_ref.shape) == 1 else scale_ref[...]
         out_ref[...] = rescale(acc_ref[0:few, :], m_ref[...], scale, form)[0:rows]
 
 
@@ -274,8 +275,9 @@ def fused_linear(
       codes: the resident codes: int8 ``(k, n)`` for ``"int8"`` and ``"ternary-int8"``, packed bytes
         ``(1, k / 4, n)`` for ``"ternary-2bit"``.
       scale: the weight side of the rescale, :func:`multiplier` of the layer's scale: float32 ``(n,)`` or
-        ``(1, n)`` (a TPU keeps it in the layout of the kernel's block, uncopied) for ``"int8"``, ``()`` for
-        ternary forms.
+        ``(1, n)`` (a TPU keeps it in the layout of the kernel's block, uncopied) for ``"int8"``; ``()`` for
+        ternary forms, or ``(n,)`` or ``(1, n)`` for ternary kernels side by side, each column with its own
+        tensor's scale (the same float operations per column).
       form: ``"int8"``, ``"ternary-int8"`` or ``"ternary-2bit"``.
       bits: the input codes' bits (8 or 4).
       blocks: :class:`Blocks` over the (packed) ``(k / per, n)`` codes (None: :func:`fused_blocks`).
@@ -310,7 +312,7 @@ def _fused_linear(
     padded = -(-rows // ROW_PAD) * ROW_PAD
     few = -(-rows // 8) * 8
     bk, bn = blocks.block_k, blocks.block_n
-    if form == "int8":
+    if scale.ndim:  # per column: int8, or ternary kernels side by side
         scale_arg = scale.astype(jnp.float32).reshape(1, n)
         scale_spec = pl.BlockSpec((1, bn), lambda j, i: (0, j))
     else:
@@ -340,7 +342,7 @@ def _fused_linear(
         cost_estimate=pl.CostEstimate(
             flops=2 * padded * k * n,
             transcendentals=0,
-            bytes_accessed=rows_k * n + 4 * rows * k + 4 * rows * n + (4 * n if form == "int8" else 4),
+            bytes_accessed=rows_k * n + 4 * rows * k + 4 * rows * n + (4 * n if scale.ndim else 4),
         ),
         interpret=interpret,
     )(xr, codes.reshape(rows_k, n), scale_arg)
