@@ -241,8 +241,9 @@ def export_onnx(
     codes as ONNX INT4; binary codes as int8 :math:`\pm 1`) with their float32 scales
     (per output channel or per tensor) feed ``DequantizeLinear``; each quantised
     input goes through ``QuantizeLinear`` with the learned step (zero point 0; int8
-    for signed grids, uint8 after a ReLU), a ``Clip`` of the codes when the grid is
-    narrower than the type, and ``DequantizeLinear``. ONNX Runtime's CPU execution
+    for signed grids, uint8 for unsigned ones; sign codes as uint8 0 and 2 with zero
+    point 1), a ``Clip`` to the grid's ends when it is narrower than the type (on the
+    integer codes after a ``QLinearConv``), and ``DequantizeLinear``. ONNX Runtime's CPU execution
     provider fuses the products into integer kernels (``MatMulIntegerToFloat``,
     ``QLinearConv``, ``ConvInteger``). With ``float_model=True``: the same network with the
     dequantised float32 weights and float activations (for size and speed
@@ -265,8 +266,9 @@ def export_onnx(
       float_model: write the float32 network instead of the QDQ one.
       trusted_keys: PEM public keys; when given, only an artifact one of them signed is read.
       conv: ``"qlinear"`` (default): each integer convolution whose output the next layer
-        quantises to an 8-bit grid in ORT's QDQ convolution pattern (``QLinearConv``), the
-        fast one on ORT's CPU kernels; its bias is int32 codes and ORT requantises its
+        quantises (an unsigned grid of up to 8 bits, or sign: every preset) in ORT's QDQ
+        convolution pattern (``QLinearConv``), the fast one on ORT's CPU kernels, its output
+        requantised into the next layer's uint8 codes; its bias is int32 codes and ORT requantises its
         output, so a next-layer code can differ by one near a rounding tie (the stated
         tolerance above). ``"integer"``: convolutions as ``ConvInteger`` and stejax's float32
         rescale, bit for bit stejax's integer forward, and many times slower in ORT.
