@@ -196,7 +196,10 @@ def _qlinear_conv(
     a = g.dequantize(codes, *_input_qparams(g, layer, p, hint), hint=f"{hint}/input")
     w = _dequantised_weights(g, layer, p, w_codes, hint)
     step = _accumulator_step(layer, p)
-    bias_codes = np.round(b.astype(np.float64) / step.astype(np.float64))
+    if nxt.inputs.method == "sign":
+        bias_codes = _sign_bias_codes(b, step)
+    else:
+        bias_codes = np.round(b.astype(np.float64) / step.astype(np.float64))
     if np.abs(bias_codes).max(initial=0) >= 2**31 - 1:
         raise OnnxExportError(f"{hint} (conv): the bias does not fit int32 codes of the step s_a * s_w.")
     bias_int32 = g.const(f"{hint}/b_int32", bias_codes, np.int32)
@@ -210,6 +213,25 @@ def _accumulator_step(layer: LayerSpec, p: dict[str, np.ndarray]) -> np.ndarray:
     """``s_a * s_w`` per output channel: the value of one unit of the int32 accumulator."""
     a_step = np.float32(1) if layer.inputs.method == "sign" else np.asarray(p["a_step"], np.float32)
     return (a_step * np.asarray(p["w_scale"], np.float32) * np.ones(layer.out_channels, np.float32)).astype(np.float32)
+
+
+def _sign_bias_codes(b: np.ndarray, step: np.ndarray) -> np.ndarray:
+    """int32 bias codes ``c`` with ``acc + c >= 0`` exactly where stejax's ``fl(fl(acc * step) + b) >= 0``.
+
+    A convolution whose output only feeds a sign needs the sign of its output, not its
+    value: per channel, the smallest accumulator ``a0`` whose float32 output is at least 0
+    (a monotonic test, searched around ``ceil(-b / step)``), and ``c = -a0``. The sign of
+    ``acc + c`` is then stejax's sign bit for bit, where rounding ``b / step`` would move
+    outputs within half a step of zero to the other side.
+    """
+    b32, step32 = b.astype(np.float32), step.astype(np.float32)
+    estimate = np.ceil(-b32.astype(np.float64) / step32.astype(np.float64))
+    candidates = estimate[None, :] + np.arange(-2, 3)[:, None]
+    nonnegative = candidates.astype(np.float32) * step32[None, :] + b32[None, :] >= 0
+    if nonnegative[0].any() or not nonnegative[-1].all():
+        raise OnnxExportError("conv: no int32 threshold reproduces the float32 sign of its output.")
+    first = np.argmax(nonnegative, axis=0)
+    return -candidates[first, np.arange(len(b32))]
 
 
 def _requantise(g: Graph, nxt: LayerSpec, p_next: dict[str, np.ndarray], y: str, step: np.ndarray, hint: str) -> str:
