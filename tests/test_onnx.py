@@ -431,3 +431,15 @@ def test_a_run_is_exported_through_a_verified_artifact(tmp_path):
     np.testing.assert_array_equal(open_runtime(out.path).run(None, {"features": x})[0], _logits(art, x))
     with pytest.raises(ValueError, match="a run directory carries no signature"):
         export_onnx(artifact_runs.run_dir("w2a2"), tmp_path / "signed.onnx", trusted_keys=[tmp_path / "k.pem"])
+
+
+def test_open_runtime_can_keep_its_threads_from_spinning(tmp_path):
+    # Timing several sessions in one process (the export's speed check, the onnx bench): a pool left spinning
+    # after its call takes the cores the next session runs on, so those sessions sleep between calls.
+    model, _, _ = _digits_cnn("w8a8")
+    path = write_digits(model, tmp_path / "cnn.onnx", float_model=False, metadata={}, conv="qlinear")
+    key = "session.intra_op.allow_spinning"
+    quiet = open_runtime(path, allow_spinning=False).get_session_options()
+    assert quiet.get_session_config_entry(key) == "0"
+    with pytest.raises(RuntimeError, match="does not have configuration with key"):  # ORT's default: spin
+        open_runtime(path).get_session_options().get_session_config_entry(key)

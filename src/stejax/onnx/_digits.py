@@ -126,6 +126,7 @@ def digits_graph(model: ExportedModel, *, float_model: bool, conv: str) -> tuple
         # ORT runs QLinearConv in NHWC: a dense layer after one flattens its codes in NHWC order (stejax's own),
         # so that this Transpose cancels the one ORT inserts after the convolution.
         nhwc_flat = pending is not None and layer.kind == "dense"
+        codes_in: str | None
         if nhwc_flat:
             assert pending is not None
             nhwc = g.node("Transpose", [pending], f"{hint}/codes_nhwc", perm=[0, 2, 3, 1])
@@ -138,8 +139,8 @@ def digits_graph(model: ExportedModel, *, float_model: bool, conv: str) -> tuple
             u = g.node("Relu", [z], f"{hint}/relu") if layer.relu else z
             u = _to_layout(g, u, layer, layout, rank3, hint)
         quantised = _q(layer, float_model)
-        w = _codes(layer, p) if quantised else _float_weights(layer, p)
-        w_onnx = _to_onnx_layout(layer, w, None if nhwc_flat else prev)
+        w_values = _codes(layer, p) if quantised else _float_weights(layer, p)
+        w_onnx = _to_onnx_layout(layer, w_values, None if nhwc_flat else prev)
         b = np.asarray(p["b"], np.float32)
         if layer.kind == "conv" and layer.integer and not float_model:
             codes = codes_in if codes_in is not None else _quantise_input(g, layer, p, u, hint)

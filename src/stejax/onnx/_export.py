@@ -106,7 +106,8 @@ def _parity(proto: Any, artifact: Any, *, exact: bool) -> OnnxParity:
 class OnnxSpeed:
     """ONNX Runtime's time for the exported graph and for its float32 twin, measured at export on this machine.
 
-    Both run the artifact's parity inputs as one batch on the CPU execution provider with the same threads:
+    Both run the artifact's parity inputs as one batch on the CPU execution provider with the same threads
+    (which sleep between calls rather than spin, so that one session's pool does not slow the other's):
     untimed calls first, then interleaved rounds (one call of each per round); the medians in milliseconds.
 
     Attributes:
@@ -143,7 +144,10 @@ def _speed(proto: Any, float_proto: Any, x: np.ndarray, *, threads: int = 2, rou
 
     from stejax.onnx._runtime import open_runtime
 
-    runtimes = [open_runtime(p.SerializeToString(), threads=threads) for p in (proto, float_proto)]
+    # Two sessions take turns on the same cores: neither pool spins while the other runs.
+    runtimes = [
+        open_runtime(p.SerializeToString(), threads=threads, allow_spinning=False) for p in (proto, float_proto)
+    ]
     for runtime in runtimes:  # the first calls allocate and tune
         for _ in range(3):
             runtime.run(None, {"features": x})
