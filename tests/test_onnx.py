@@ -434,8 +434,8 @@ def test_a_run_is_exported_through_a_verified_artifact(tmp_path):
 
 
 def test_open_runtime_can_keep_its_threads_from_spinning(tmp_path):
-    # Timing several sessions in one process (the export's speed check, the onnx bench): a pool left spinning
-    # after its call takes the cores the next session runs on, so those sessions sleep between calls.
+    # Timing several runtimes in one process (the export's speed check, the onnx bench): a pool left spinning
+    # after its call takes the cores the next session runs on, so those runtimes sleep between calls.
     model, _, _ = _digits_cnn("w8a8")
     path = write_digits(model, tmp_path / "cnn.onnx", float_model=False, metadata={}, conv="qlinear")
     key = "session.intra_op.allow_spinning"

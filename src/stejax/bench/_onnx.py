@@ -111,7 +111,7 @@ def _call(kind: str, obj: Any, x: np.ndarray) -> Any:
         return lambda: jax.block_until_ready(obj(xj))
     from stejax.onnx import open_runtime
 
-    s = open_runtime(obj, threads=THREADS, allow_spinning=False)  # the sessions take turns on the same cores
+    s = open_runtime(obj, threads=THREADS, allow_spinning=False)  # the runtimes take turns on the same cores
     return lambda: s.run(None, {kind: x})[0]
 
 
@@ -289,7 +289,7 @@ def onnx_suite(*, repeats: int, warmup: int, quick: bool, results_dir: str | Pat
         )
     notes = [
         f"onnxruntime: CPU execution provider, intra_op_num_threads={THREADS}, one inter-op thread, sequential, "
-        "threads not spinning between calls (the sessions take turns on the same cores).",
+        "threads not spinning between calls (the runtimes take turns on the same cores).",
         "The cnn's int4 file is its w4a4 preset: 4-bit hidden weights as ONNX INT4, 8-bit first and last layers.",
         "onnxruntime-qlinearconv: the cnn's default export (conv='qlinear', every convolution ORT's QLinearConv), "
         "int8 for the w8a8 preset and int4 for w4a4; its onnxruntime int8 and int4 rows are conv='integer' "

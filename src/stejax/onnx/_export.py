@@ -107,7 +107,7 @@ class OnnxSpeed:
     """ONNX Runtime's time for the exported graph and for its float32 twin, measured at export on this machine.
 
     Both run the artifact's parity inputs as one batch on the CPU execution provider with the same threads
-    (which sleep between calls rather than spin, so that one session's pool does not slow the other's):
+    (which sleep between calls rather than spin, so that one runtime's pool does not slow the other's):
     untimed calls first, then interleaved rounds (one call of each per round); the medians in milliseconds.
 
     Attributes:
@@ -144,7 +144,7 @@ def _speed(proto: Any, float_proto: Any, x: np.ndarray, *, threads: int = 2, rou
 
     from stejax.onnx._runtime import open_runtime
 
-    # Two sessions take turns on the same cores: neither pool spins while the other runs.
+    # The two runtimes take turns on the same cores: neither pool spins while the other runs.
     runtimes = [
         open_runtime(p.SerializeToString(), threads=threads, allow_spinning=False) for p in (proto, float_proto)
     ]

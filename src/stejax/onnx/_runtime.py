@@ -27,9 +27,9 @@ def open_runtime(
     ``optimized_path``: where ORT writes the graph it runs (after its fusions).
     One inter-op thread and sequential execution, so that ``threads`` is the
     whole budget. ``allow_spinning=False``: the intra-op threads sleep after a call
-    instead of spinning for the next (ORT's ``session.intra_op.allow_spinning``), for
-    timing several sessions in one process, where a pool still spinning takes the
-    cores the next session runs on.
+    instead of spinning for the next (ORT's ``allow_spinning`` option off), for timing
+    several runtimes in one process, where a pool still spinning takes the cores the
+    next one runs on.
     """
     import onnxruntime as ort
 
