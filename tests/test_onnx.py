@@ -111,6 +111,57 @@ def test_the_default_cnn_export_runs_qlinearconv_within_its_stated_tolerance(tmp
     assert props["stejax.conv"] == "qlinear" and props["stejax.parity"] == parity.summary()
 
 
+@pytest.mark.parametrize("preset", ["w8a8", "w4a4", "w2a2", "w1a1", "w4a4_no_ste"])
+def test_every_cnn_preset_runs_each_convolution_as_qlinearconv(tmp_path, preset):
+    # The default graph: every convolution is ORT's QLinearConv (whatever grid the next layer reads: 8, 4 or
+    # 2 bits, or sign), the dense layer MatMulIntegerToFloat; nothing runs as a float product, no ConvInteger.
+    from stejax.onnx import LOGIT_TOLERANCE
+    from stejax.onnx._digits import qlinear_convs
+
+    model, x, want = _digits_cnn(preset)
+    convs = [i for i, layer in enumerate(model.layers) if layer.kind == "conv"]
+    assert qlinear_convs(model) == tuple(convs)
+    path = write_digits(model, tmp_path / "cnn.onnx", float_model=False, metadata={}, conv="qlinear")
+    ops = optimized_ops(path)
+    assert ops["QLinearConv"] == len(convs) and ops["MatMulIntegerToFloat"] == 1, ops
+    assert ops["ConvInteger"] == 0 and not any(ops[op] for op in FLOAT_PRODUCTS), ops
+    assert ops["DequantizeLinear"] == 0, ops  # every QDQ pair was folded into an integer kernel
+    # Parity within the tolerance the export checks (these zero biases are exact int32 codes; a trained
+    # artifact's are not: see the next tests), a differing class only at a near tie.
+    got = open_runtime(path).run(None, {"features": x})[0]
+    diff = np.abs(got - want).max()
+    assert diff <= LOGIT_TOLERANCE * np.abs(want).max(), (diff, np.abs(want).max())
+    top2 = np.sort(want, axis=1)[:, -2:]
+    differ = got.argmax(1) != want.argmax(1)
+    assert (top2[differ, 1] - top2[differ, 0] <= 2 * diff).all()
+
+
+def test_qlinearconv_writes_sign_codes_with_plus_one_at_zero(tmp_path):
+    # w1a1: the first convolution's output becomes the next layer's sign codes inside ORT's requantisation.
+    # Inputs at the normaliser's mean standardise to 0, so with zero biases the first convolution's output is
+    # exactly 0 everywhere: stejax's sign is +1 there, and so must the graph's be (bit for bit, no tie).
+    model, x, _ = _digits_cnn("w1a1")
+    mean = np.asarray(model.weights["normalizer"]["mean"], np.float32)
+    at_zero = np.concatenate([np.broadcast_to(mean, (4, mean.size)), x[:60]]).astype(np.float32)
+    path = write_digits(model, tmp_path / "cnn.onnx", float_model=False, metadata={}, conv="qlinear")
+    got = open_runtime(path).run(None, {"features": at_zero})[0]
+    np.testing.assert_array_equal(got, np.asarray(model.apply(model.weights, at_zero)))
+
+
+@pytest.mark.parametrize("preset", ["w4a4", "w1a1"])
+def test_a_trained_low_bit_cnn_exports_every_convolution_as_qlinearconv(tmp_path, preset):
+    # A trained 4-bit or binary CNN artifact, exported with the defaults: all its convolutions are QLinearConv,
+    # the export's own parity check passed.
+    art = pristine(preset, "cnn", regression=False)
+    out = export_onnx(art.path, tmp_path / "model.onnx")
+    convs = tuple(i for i, layer in enumerate(art.model.layers) if layer.kind == "conv")
+    assert out.qlinear_convs == convs
+    ops = optimized_ops(out.path)
+    assert ops["QLinearConv"] == len(convs) and ops["ConvInteger"] == 0, ops
+    assert not any(ops[op] for op in FLOAT_PRODUCTS), ops
+    assert out.parity is not None and out.parity.passed and out.parity.tolerance > 0
+
+
 def test_time_it_measures_the_file_against_its_float_graph(tmp_path):
     art = pristine("w8a8", "cnn", regression=False)
     out = export_onnx(art.path, tmp_path / "model.onnx", time_it=True)
@@ -380,3 +431,15 @@ def test_a_run_is_exported_through_a_verified_artifact(tmp_path):
     np.testing.assert_array_equal(open_runtime(out.path).run(None, {"features": x})[0], _logits(art, x))
     with pytest.raises(ValueError, match="a run directory carries no signature"):
         export_onnx(artifact_runs.run_dir("w2a2"), tmp_path / "signed.onnx", trusted_keys=[tmp_path / "k.pem"])
+
+
+def test_open_runtime_can_keep_its_threads_from_spinning(tmp_path):
+    # Timing several runtimes in one process (the export's speed check, the onnx bench): a pool left spinning
+    # after its call takes the cores the next session runs on, so those runtimes sleep between calls.
+    model, _, _ = _digits_cnn("w8a8")
+    path = write_digits(model, tmp_path / "cnn.onnx", float_model=False, metadata={}, conv="qlinear")
+    key = "session.intra_op.allow_spinning"
+    quiet = open_runtime(path, allow_spinning=False).get_session_options()
+    assert quiet.get_session_config_entry(key) == "0"
+    with pytest.raises(RuntimeError, match="does not have configuration with key"):  # ORT's default: spin
+        open_runtime(path).get_session_options().get_session_config_entry(key)

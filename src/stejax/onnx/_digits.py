@@ -77,13 +77,14 @@ CONVS = ("qlinear", "integer")
 
 
 def qlinear_convs(model: ExportedModel) -> tuple[int, ...]:
-    """The layers ``conv="qlinear"`` writes as ORT's QDQ convolution: integer convolutions whose output the next
-    layer quantises to an 8-bit grid (the others stay ``ConvInteger``)."""
+    """The layers ``conv="qlinear"`` writes as ORT's QDQ convolution: integer convolutions followed by a layer
+    whose inputs are 8-bit or narrower codes (any LSQ, round_no_ste or PACT grid, or sign); the others stay
+    ``ConvInteger``."""
     layers = model.layers
     return tuple(
         i
         for i, layer in enumerate(layers)
-        if layer.kind == "conv" and layer.integer and i + 1 < len(layers) and _eight_bit_grid(layers[i + 1])
+        if layer.kind == "conv" and layer.integer and i + 1 < len(layers) and _byte_codes(layers[i + 1])
     )
 
 
@@ -92,12 +93,15 @@ def digits_graph(model: ExportedModel, *, float_model: bool, conv: str) -> tuple
 
     Input ``features`` (batch, in_features) float32, raw (the graph standardises
     them with the training normaliser); output ``logits`` (batch, n_classes).
-    ``conv="qlinear"``: a convolution whose output the next layer quantises to an
-    8-bit grid (:func:`qlinear_convs`) is written in ORT's QDQ convolution pattern
-    (fused into ``QLinearConv``): faster, but its bias is int32 codes and its output
-    requantised by ORT, so a code of the next layer can differ by one near a rounding
-    tie. ``conv="integer"``: every integer convolution is ``ConvInteger`` and
-    stejax's float32 rescale, bit for bit stejax's integer forward.
+    ``conv="qlinear"``: a convolution whose output the next layer quantises (to any
+    unsigned grid of at most 8 bits, or sign: :func:`qlinear_convs`) is written in ORT's
+    QDQ convolution pattern (fused into ``QLinearConv``), its output requantised straight
+    into the next layer's uint8 codes (:func:`_requantise`): faster, but its bias is int32
+    codes and its output requantised by ORT, so a code of the next layer can differ by
+    one near a rounding tie. A dense layer after it reads those codes flattened in NHWC
+    order, the layout ORT runs ``QLinearConv`` in. ``conv="integer"``: every integer
+    convolution is ``ConvInteger`` and stejax's float32 rescale, bit for bit stejax's
+    integer forward.
     """
     if conv not in CONVS:
         raise ValueError(f"digits_graph: conv must be one of {list(CONVS)}; got {conv!r}.")
@@ -119,14 +123,24 @@ def digits_graph(model: ExportedModel, *, float_model: bool, conv: str) -> tuple
         prev = model.layers[i - 1] if i else None
         nxt = model.layers[i + 1] if i + 1 < len(model.layers) else None
         hint = f"layers/{i}"
-        codes_in = None if pending is None else _to_layout(g, pending, layer, layout, rank3, hint)
+        # ORT runs QLinearConv in NHWC: a dense layer after one flattens its codes in NHWC order (stejax's own),
+        # so that this Transpose cancels the one ORT inserts after the convolution.
+        nhwc_flat = pending is not None and layer.kind == "dense"
+        codes_in: str | None
+        if nhwc_flat:
+            assert pending is not None
+            nhwc = g.node("Transpose", [pending], f"{hint}/codes_nhwc", perm=[0, 2, 3, 1])
+            codes_in = g.node("Reshape", [nhwc, rank3], f"{hint}/rank3")
+        else:
+            codes_in = None if pending is None else _to_layout(g, pending, layer, layout, rank3, hint)
         pending = None
         u = ""
         if codes_in is None:
             u = g.node("Relu", [z], f"{hint}/relu") if layer.relu else z
             u = _to_layout(g, u, layer, layout, rank3, hint)
         quantised = _q(layer, float_model)
-        w_onnx = _to_onnx_layout(layer, _codes(layer, p) if quantised else _float_weights(layer, p), prev)
+        w_values = _codes(layer, p) if quantised else _float_weights(layer, p)
+        w_onnx = _to_onnx_layout(layer, w_values, None if nhwc_flat else prev)
         b = np.asarray(p["b"], np.float32)
         if layer.kind == "conv" and layer.integer and not float_model:
             codes = codes_in if codes_in is not None else _quantise_input(g, layer, p, u, hint)
@@ -154,9 +168,15 @@ def digits_graph(model: ExportedModel, *, float_model: bool, conv: str) -> tuple
     return g, logits
 
 
-def _eight_bit_grid(layer: LayerSpec) -> bool:
-    """A layer whose input QuantizeLinear needs no Clip: an 8-bit LSQ, round_no_ste or PACT grid."""
-    return layer.inputs.method in ("lsq", "round_no_ste", "pact") and layer.inputs.levels in ((0, 255), (-128, 127))
+def _byte_codes(layer: LayerSpec) -> bool:
+    """A layer whose input codes ORT's QLinearConv can write: sign, or an unsigned grid of at most 8 bits (uint8,
+    the type of the convolution's own input codes, clipped to a narrower grid)."""
+    if layer.inputs.method == "sign":
+        return True
+    if not layer.inputs.quantised:
+        return False
+    lo, hi = layer.inputs.levels
+    return lo >= 0 and hi <= 255
 
 
 def _qlinear_conv(
@@ -170,23 +190,83 @@ def _qlinear_conv(
     p_next: dict[str, np.ndarray],
     hint: str,
 ) -> tuple[str, str]:
-    """DequantizeLinear -> Conv (int32 bias codes) -> ReLU -> the next layer's QuantizeLinear: ORT's QLinearConv.
+    """DequantizeLinear -> Conv (int32 bias codes) -> ReLU -> QuantizeLinear: ORT's QLinearConv.
 
-    Returns the float output (unused by the next layer) and the next layer's input codes.
+    Returns the float output (unused by the next layer) and the next layer's input codes (:func:`_requantise`).
     """
     a = g.dequantize(codes, *_input_qparams(g, layer, p, hint), hint=f"{hint}/input")
     w = _dequantised_weights(g, layer, p, w_codes, hint)
-    a_step = np.float32(1) if layer.inputs.method == "sign" else np.asarray(p["a_step"], np.float32)
-    step = (a_step * np.asarray(p["w_scale"], np.float32) * np.ones(layer.out_channels, np.float32)).astype(np.float32)
-    bias_codes = np.round(b.astype(np.float64) / step.astype(np.float64))
+    step = _accumulator_step(layer, p)
+    if nxt.inputs.method == "sign":
+        bias_codes = _sign_bias_codes(b, step)
+    else:
+        bias_codes = np.round(b.astype(np.float64) / step.astype(np.float64))
     if np.abs(bias_codes).max(initial=0) >= 2**31 - 1:
         raise OnnxExportError(f"{hint} (conv): the bias does not fit int32 codes of the step s_a * s_w.")
     bias_int32 = g.const(f"{hint}/b_int32", bias_codes, np.int32)
     bias = g.dequantize(bias_int32, g.const(f"{hint}/b_step", step), None, f"{hint}/b", axis=0)
     y = g.node("Conv", [a, w, bias], f"{hint}/conv", pads=_same_pads(layer), strides=[layer.stride] * 2)
     nhint = hint.rsplit("/", 1)[0] + f"/{int(hint.rsplit('/', 1)[1]) + 1}"
-    u = g.node("Relu", [y], f"{nhint}/relu") if nxt.relu else y
-    return y, _quantise_input(g, nxt, p_next, u, nhint)
+    return y, _requantise(g, nxt, p_next, y, step, nhint)
+
+
+def _accumulator_step(layer: LayerSpec, p: dict[str, np.ndarray]) -> np.ndarray:
+    """``s_a * s_w`` per output channel: the value of one unit of the int32 accumulator."""
+    a_step = np.float32(1) if layer.inputs.method == "sign" else np.asarray(p["a_step"], np.float32)
+    return (a_step * np.asarray(p["w_scale"], np.float32) * np.ones(layer.out_channels, np.float32)).astype(np.float32)
+
+
+def _sign_bias_codes(b: np.ndarray, step: np.ndarray) -> np.ndarray:
+    """int32 bias codes ``c`` with ``acc + c >= 0`` exactly where stejax's ``fl(fl(acc * step) + b) >= 0``.
+
+    A convolution whose output only feeds a sign needs the sign of its output, not its
+    value: per channel, the smallest accumulator ``a0`` whose float32 output is at least 0
+    (a monotonic test, searched around ``ceil(-b / step)``), and ``c = -a0``. The sign of
+    ``acc + c`` is then stejax's sign bit for bit, where rounding ``b / step`` would move
+    outputs within half a step of zero to the other side.
+    """
+    b32, step32 = b.astype(np.float32), step.astype(np.float32)
+    estimate = np.ceil(-b32.astype(np.float64) / step32.astype(np.float64))
+    candidates = estimate[None, :] + np.arange(-2, 3)[:, None]
+    nonnegative = candidates.astype(np.float32) * step32[None, :] + b32[None, :] >= 0
+    if nonnegative[0].any() or not nonnegative[-1].all():
+        raise OnnxExportError("conv: no int32 threshold reproduces the float32 sign of its output.")
+    first = np.argmax(nonnegative, axis=0)
+    return -candidates[first, np.arange(len(b32))]
+
+
+def _requantise(g: Graph, nxt: LayerSpec, p_next: dict[str, np.ndarray], y: str, step: np.ndarray, hint: str) -> str:
+    """The next layer's input codes from a convolution's output ``y``, in the pattern ORT folds into QLinearConv.
+
+    A QuantizeLinear follows the convolution directly (a ReLU before an unsigned one is
+    dropped by ORT: the saturation at 0 is the ReLU), and whatever the grid needs beyond
+    the type's own saturation is done on the codes, after it:
+
+    - an 8-bit grid: the QuantizeLinear's codes as they are;
+    - a narrower grid (e.g. 4-bit, codes 0..15 in uint8): a ``Clip`` of the integer
+      codes to ``[lo, hi]``, the same codes as LSQ's round-then-clip;
+    - sign (uint8 codes 0 and 2, zero point 1: see :func:`_input_qparams`): QuantizeLinear
+      with scale ``min(step) / 2`` and zero point 2, then ``Clip`` to [0, 2]. A nonzero
+      accumulator ``n`` (in units of ``step``) becomes ``round(n r) + 2`` with ``r >= 2``:
+      at most 0 below zero and at least 4 above, and 0 becomes 2, so the clipped code is
+      stejax's sign (+1 at zero).
+    """
+    fmt = nxt.inputs
+    if fmt.method == "sign":
+        scale = g.const(f"{hint}/requant_step", np.float32(step.min() / 2), np.float32)
+        q = g.quantize(y, scale, g.const(f"{hint}/requant_zero", 2, np.uint8), f"{hint}/input")
+        bounds = [g.const(f"{hint}/{n}", v, np.uint8) for n, v in (("lo", 0), ("hi", 2))]
+        return g.node("Clip", [q, *bounds], f"{hint}/sign")
+    u = g.node("Relu", [y], f"{hint}/relu") if nxt.relu else y
+    scale, zero = _input_qparams(g, nxt, p_next, hint)
+    q = g.quantize(u, scale, zero, f"{hint}/input")
+    lo, hi = fmt.levels
+    dtype = _code_dtype(lo, hi)
+    info = np.iinfo(dtype)
+    if (lo, hi) == (info.min, info.max):
+        return q
+    bounds = [g.const(f"{hint}/{n}", v, dtype) for n, v in (("lo", lo), ("hi", hi))]
+    return g.node("Clip", [q, *bounds], f"{hint}/levels")
 
 
 def _integer_conv(
@@ -200,8 +280,7 @@ def _integer_conv(
     """
     from onnx import TensorProto
 
-    lo, hi = layer.inputs.levels
-    zero = g.const(f"{hint}/a_zero", 0, _code_dtype(lo, hi))
+    _, zero = _input_qparams(g, layer, p, hint)
     w = _weight_codes(g, layer, w_codes, hint)
     acc = g.node("ConvInteger", [codes, w, zero], f"{hint}/conv", pads=_same_pads(layer), strides=[layer.stride] * 2)
     a_step = np.float32(1) if layer.inputs.method == "sign" else np.asarray(p["a_step"], np.float32)
@@ -217,16 +296,24 @@ def _q(layer: LayerSpec, float_model: bool) -> bool:
 
 
 def _input_qparams(g: Graph, layer: LayerSpec, p: dict[str, np.ndarray], hint: str) -> tuple[str, str]:
-    """(scale, zero point) names of a quantised input: the step (1 for sign codes) and 0 in the codes' type."""
+    """(scale, zero point) names of a quantised input: the step and 0 in the codes' type; sign: 1 and 1 in uint8.
+
+    Sign codes are uint8 0 and 2 with zero point 1 (-1 and +1): unsigned like the codes
+    after a ReLU, since ORT fuses a QDQ convolution only when its input and output codes
+    have the same type.
+    """
     fmt = layer.inputs
-    step = np.float32(1) if fmt.method == "sign" else np.asarray(p["a_step"], np.float32)
+    if fmt.method == "sign":
+        return g.const(f"{hint}/a_step", np.float32(1), np.float32), g.const(f"{hint}/a_zero", 1, np.uint8)
+    step = np.asarray(p["a_step"], np.float32)
     lo, hi = fmt.levels
     dtype = _code_dtype(lo, hi)
     return g.const(f"{hint}/a_step", step, np.float32), g.const(f"{hint}/a_zero", 0, dtype)
 
 
 def _code_dtype(lo: int, hi: int) -> Any:
-    for dtype in (np.int8, np.uint8, np.int16, np.uint16):
+    """The narrowest QuantizeLinear type of codes in [lo, hi], unsigned first (uint8 is MLAS's fast activation)."""
+    for dtype in (np.uint8, np.int8, np.int16, np.uint16):
         info = np.iinfo(dtype)
         if info.min <= lo and hi <= info.max:
             return dtype
@@ -241,7 +328,7 @@ def _quantise_input(g: Graph, layer: LayerSpec, p: dict[str, np.ndarray], u: str
     narrower than the type is clipped first, in float, to ``[lo * s, hi * s]``
     (``round(fl(hi * s) / s)`` is ``hi``: the bound is a few ulps from ``hi``). sign:
     ``Where(u < 0, -1, 1)`` (``-0.0`` and ``0`` give ``+1``, as stejax's sign), then
-    ``QuantizeLinear`` with scale 1 (exact on +-1). A ``Clip`` or ``Cast`` between the
+    ``QuantizeLinear`` with scale 1 and zero point 1 (uint8 codes 0 and 2, exact). A ``Clip`` or ``Cast`` between the
     ``QuantizeLinear`` and the ``DequantizeLinear`` would keep ORT from fusing the product.
     """
     fmt = layer.inputs

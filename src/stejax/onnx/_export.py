@@ -106,7 +106,8 @@ def _parity(proto: Any, artifact: Any, *, exact: bool) -> OnnxParity:
 class OnnxSpeed:
     """ONNX Runtime's time for the exported graph and for its float32 twin, measured at export on this machine.
 
-    Both run the artifact's parity inputs as one batch on the CPU execution provider with the same threads:
+    Both run the artifact's parity inputs as one batch on the CPU execution provider with the same threads
+    (which sleep between calls rather than spin, so that one runtime's pool does not slow the other's):
     untimed calls first, then interleaved rounds (one call of each per round); the medians in milliseconds.
 
     Attributes:
@@ -143,7 +144,10 @@ def _speed(proto: Any, float_proto: Any, x: np.ndarray, *, threads: int = 2, rou
 
     from stejax.onnx._runtime import open_runtime
 
-    runtimes = [open_runtime(p.SerializeToString(), threads=threads) for p in (proto, float_proto)]
+    # The two runtimes take turns on the same cores: neither pool spins while the other runs.
+    runtimes = [
+        open_runtime(p.SerializeToString(), threads=threads, allow_spinning=False) for p in (proto, float_proto)
+    ]
     for runtime in runtimes:  # the first calls allocate and tune
         for _ in range(3):
             runtime.run(None, {"features": x})
@@ -241,8 +245,9 @@ def export_onnx(
     codes as ONNX INT4; binary codes as int8 :math:`\pm 1`) with their float32 scales
     (per output channel or per tensor) feed ``DequantizeLinear``; each quantised
     input goes through ``QuantizeLinear`` with the learned step (zero point 0; int8
-    for signed grids, uint8 after a ReLU), a ``Clip`` of the codes when the grid is
-    narrower than the type, and ``DequantizeLinear``. ONNX Runtime's CPU execution
+    for signed grids, uint8 for unsigned ones; sign codes as uint8 0 and 2 with zero
+    point 1), a ``Clip`` to the grid's ends when it is narrower than the type (on the
+    integer codes after a ``QLinearConv``), and ``DequantizeLinear``. ONNX Runtime's CPU execution
     provider fuses the products into integer kernels (``MatMulIntegerToFloat``,
     ``QLinearConv``, ``ConvInteger``). With ``float_model=True``: the same network with the
     dequantised float32 weights and float activations (for size and speed
@@ -265,8 +270,9 @@ def export_onnx(
       float_model: write the float32 network instead of the QDQ one.
       trusted_keys: PEM public keys; when given, only an artifact one of them signed is read.
       conv: ``"qlinear"`` (default): each integer convolution whose output the next layer
-        quantises to an 8-bit grid in ORT's QDQ convolution pattern (``QLinearConv``), the
-        fast one on ORT's CPU kernels; its bias is int32 codes and ORT requantises its
+        quantises (an unsigned grid of up to 8 bits, or sign: every preset) in ORT's QDQ
+        convolution pattern (``QLinearConv``), the fast one on ORT's CPU kernels, its output
+        requantised into the next layer's uint8 codes; its bias is int32 codes and ORT requantises its
         output, so a next-layer code can differ by one near a rounding tie (the stated
         tolerance above). ``"integer"``: convolutions as ``ConvInteger`` and stejax's float32
         rescale, bit for bit stejax's integer forward, and many times slower in ORT.

@@ -15,12 +15,21 @@ __all__ = ["INTEGER_OPS", "integer_op_count", "open_runtime", "optimized_ops"]
 INTEGER_OPS = ("QLinearMatMul", "QLinearConv", "MatMulInteger", "ConvInteger", "MatMulNBits", "MatMulIntegerToFloat")
 
 
-def open_runtime(model: str | os.PathLike | bytes, *, threads: int = 2, optimized_path: str | None = None) -> Any:
+def open_runtime(
+    model: str | os.PathLike | bytes,
+    *,
+    threads: int = 2,
+    optimized_path: str | None = None,
+    allow_spinning: bool = True,
+) -> Any:
     """An ``onnxruntime.InferenceSession`` on the CPU execution provider with ``threads`` intra-op threads.
 
     ``optimized_path``: where ORT writes the graph it runs (after its fusions).
     One inter-op thread and sequential execution, so that ``threads`` is the
-    whole budget.
+    whole budget. ``allow_spinning=False``: the intra-op threads sleep after a call
+    instead of spinning for the next (ORT's ``allow_spinning`` option off), for timing
+    several runtimes in one process, where a pool still spinning takes the cores the
+    next one runs on.
     """
     import onnxruntime as ort
 
@@ -29,6 +38,8 @@ def open_runtime(model: str | os.PathLike | bytes, *, threads: int = 2, optimize
     options.inter_op_num_threads = 1
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    if not allow_spinning:
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     options.log_severity_level = 3  # the NCHWc notice about serialising an optimised graph is expected
     if optimized_path is not None:
         options.optimized_model_filepath = str(optimized_path)
