@@ -46,21 +46,29 @@ def _load(artifacts, config: str, form: str = "int8") -> Any:
     return _LOADED[str(path), config, form]
 
 
+# Greedy bytes per configuration: float decodes 256 (11 + 256 bytes: a cache bucket of 512, capped at the context);
+# the low-bit configurations, whose resident layers are what they add, decode 48 (a bucket of 64), which exercises
+# the same compiled loop, its prefill and every step of the cache's writes in fewer steps.
+GREEDY_TOKENS = {"float": 256, "w8a8": 48, "w4a8": 48, "w1.58a8": 48}
+
+
 def _per_byte(artifacts, config: str) -> tuple[bytes, ...]:
-    """The per-byte loop's greedy 256 bytes after each prompt, by the artifact's integer reference."""
-    return per_byte_greedy(artifacts[1][config], _load(artifacts, config).reference, PROMPTS, 256)
+    """The per-byte loop's greedy bytes (GREEDY_TOKENS) after each prompt, by the artifact's integer reference."""
+    return per_byte_greedy(artifacts[1][config], _load(artifacts, config).reference, PROMPTS, GREEDY_TOKENS[config])
 
 
 @pytest.mark.parametrize("config", PARITY_CONFIGS)
-def test_greedy_256_bytes_match_the_per_byte_loop(artifacts, config):
+def test_greedy_bytes_match_the_per_byte_loop(artifacts, config):
     loaded = _load(artifacts, config)
     key = jax.random.key(0)
     expected = _per_byte(artifacts, config)
+    tokens = GREEDY_TOKENS[config]
     # The default resident form (ternary as int8); the packed form's logits are checked below.
-    got = decode(loaded.model, list(PROMPTS), tokens=256, key=key, temperature=0)
-    assert got.cache_bucket == TINY.context  # 11 + 256 bytes: a bucket of 512, capped at the context
+    got = decode(loaded.model, list(PROMPTS), tokens=tokens, key=key, temperature=0)
+    # 11 + 256 bytes: a bucket of 512, capped at the context; 11 + 48 bytes: a bucket of 64.
+    assert got.cache_bucket == (TINY.context if tokens == 256 else 64)
     assert got.texts == expected
-    assert [len(t) for t in got.texts] == [256, 256]
+    assert [len(t) for t in got.texts] == [tokens, tokens]
 
 
 def test_both_attention_forms_are_the_same_sums():
@@ -93,7 +101,8 @@ def test_both_attention_forms_are_the_same_sums():
 def test_matmul_attention_decodes_like_the_per_byte_loop(artifacts, config):
     # The accelerator's attention (every head of a row as one block-diagonal product), run on CPU.
     loaded = _load(artifacts, config)
-    got = decode(loaded.model, list(PROMPTS), tokens=256, key=jax.random.key(0), temperature=0, attention="matmul")
+    tokens = GREEDY_TOKENS[config]
+    got = decode(loaded.model, list(PROMPTS), tokens=tokens, key=jax.random.key(0), temperature=0, attention="matmul")
     assert got.texts == _per_byte(artifacts, config)  # the same loop as the greedy test's, computed once
 
 
