@@ -130,10 +130,9 @@ def ptq_command(
             Text(detail),
         )
     console.print(table)
-    console.print(
-        Text(
-            f"test accuracy {100 * result.test_accuracy:.2f}% (float {100 * result.float_test_accuracy:.2f}%), "
-            f"validation {100 * result.val_accuracy:.2f}%; quantised in {result.record['seconds']:.2f} s"
-        )
+    # Plain lines, not wrapped at the console's width: a long path stays whole for a reader and for a script.
+    click.echo(
+        f"test accuracy {100 * result.test_accuracy:.2f}% (float {100 * result.float_test_accuracy:.2f}%), "
+        f"validation {100 * result.val_accuracy:.2f}%; quantised in {result.record['seconds']:.2f} s"
     )
-    console.print(Text(f"wrote {out}; `stejax export {out} --out ARTIFACT` exports it"))
+    click.echo(f"wrote {out}; `stejax export {out} --out ARTIFACT` exports it")
