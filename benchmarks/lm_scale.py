@@ -265,19 +265,29 @@ def _conditions(started: _Started) -> dict[str, Any]:
     return {"commit": _commit(here), "date": started.date, "machine": _machine(), "load": load}
 
 
+def already_run(logged: dict[str, dict[str, Any]], part: dict[str, Any]) -> bool:
+    """Whether ``part`` is in the log at the rate it takes now.
+
+    A logged run at another rate (a sweep logged since chose a new one) runs again; its new line supersedes the old
+    one in the merge, and the log keeps both.
+    """
+    record = logged.get(part["part"])
+    return record is not None and record["learning_rate"] == part["learning_rate"]
+
+
 def run(args: argparse.Namespace) -> None:
     from stejax.lm import build_corpus
 
     corpus = build_corpus(args.corpus)
     done = _logged(args.log)
     for name in args.part:
-        if name in done:
-            print(f"{name}: in {args.log} already", flush=True)
-            continue
         part = _part(name)
         if not part["sweep"]:
             part["learning_rate"], part["rate_from"] = chosen_rate(_logged(args.log), part["size"], part["config"])
             part["float_rate"] = chosen_rate(_logged(args.log), part["size"], "float")[0]
+        if already_run(done, part):
+            print(f"{name}: in {args.log} already", flush=True)
+            continue
         try:
             record = _train_one(part, corpus, args.product, args.precision, args.export, args.checkpoints)
         except KeyboardInterrupt:

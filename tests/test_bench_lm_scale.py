@@ -61,6 +61,14 @@ def test_a_run_takes_the_sweeps_best_rate_on_validation():
     assert grid.chosen_rate(logged, "100M", "float") == (grid.LEARNING_RATES["float"], "default (no sweep logged)")
 
 
+def test_a_run_logged_at_another_rate_runs_again():
+    grid = _grid()
+    part = {**grid._part("100M-w1.58a8-s0"), "learning_rate": 2e-3}
+    assert grid.already_run({"100M-w1.58a8-s0": {"learning_rate": 2e-3}}, part)
+    assert not grid.already_run({"100M-w1.58a8-s0": {"learning_rate": 3e-3}}, part)
+    assert not grid.already_run({}, part)
+
+
 def _run(part: str, config: str, bpb: float, sha: str = "x") -> dict:
     return {
         "part": part,
