@@ -494,10 +494,22 @@ def merge(args: argparse.Namespace) -> None:
         if r["config"] == "float":
             floats.setdefault(r["size"], []).append(r["bpb"])
     rows = []
-    for r in sorted(logged.values(), key=lambda r: (r["sweep"], r["size"], r["config"], r["warm"], r["seed"])):
+    order = sorted(
+        logged,
+        key=lambda k: (
+            logged[k]["sweep"],
+            logged[k]["size"],
+            logged[k]["config"],
+            logged[k]["warm"],
+            logged[k]["seed"],
+        ),
+    )
+    for key in order:
+        r = logged[key]
         base = statistics.mean(floats[r["size"]]) if r["size"] in floats and not r["sweep"] else None
         rows.append(
             {
+                "key": key,
                 "part": r["part"],
                 "size": r["size"],
                 "config": r["config"] + (" (float warm-up)" if r["warm"] else ""),
@@ -531,13 +543,23 @@ def merge(args: argparse.Namespace) -> None:
             if not values:
                 continue
             gap = statistics.mean(values) / statistics.mean(floats[size]) - 1
+            unswept = any(
+                r["size"] == size and r["config"] == "float" and r.get("rate_from", "").startswith("default")
+                for r in runs
+            )
             figures[f"{_slug(config)}_{_slug(size)}_gap"] = Figure(
                 gap,
                 f"{100 * gap:+.2f}%",
                 target=None if bound is None else f"≤ +{100 * bound:g}%",
                 met=None if bound is None else gap <= bound,
-                note=f"{len(values)} seed(s)",
+                note=f"{len(values)} seed(s)" + (f"; float's rate not swept at {size}" if unswept else ""),
             )
+            warm = [r["bpb"] for r in runs if r["size"] == size and r["config"] == config and r["warm"]]
+            if warm:
+                gap = statistics.mean(warm) / statistics.mean(floats[size]) - 1
+                figures[f"{_slug(config)}_{_slug(size)}_warm_gap"] = Figure(
+                    gap, f"{100 * gap:+.2f}%", note=f"float for the first 20% of the bytes; {len(warm)} seed(s)"
+                )
     # The sweep's best ternary against its best float, on the validation split and a quarter of the bytes.
     sweeps = [r for r in logged.values() if r["sweep"]]
     for size in sorted({r["size"] for r in sweeps}):
@@ -590,16 +612,25 @@ def merge(args: argparse.Namespace) -> None:
     from stejax.bench.results import resolve_commit
 
     here = Path(__file__).resolve().parent
-    conditions = [
-        {**r["conditions"], "commit": resolve_commit(r["conditions"]["commit"], here)}
-        for r in runs
-        if "conditions" in r
-    ]
-    first = conditions[0] if conditions else None
+    for r in logged.values():
+        if "conditions" in r:
+            r["conditions"] = {**r["conditions"], "commit": resolve_commit(r["conditions"]["commit"], here)}
+    conditions = sorted((r["conditions"] for r in runs if "conditions" in r), key=lambda c: c["date"])
+    # The file names the newest run's commit; a grid measured over several commits names each row's, and says
+    # with --older what changed between them.
+    first = conditions[-1] if conditions else None
     if args.conditions:
         first = json.loads(Path(args.conditions).read_text("utf-8"))
-    if first is not None and any(c["commit"]["id"] != first["commit"]["id"] for c in conditions):
-        sys.exit("merge: the runs were measured at different commits; merge the logs of one commit.")
+    commits = {c["commit"]["id"] for c in conditions}
+    if len(commits) > 1 and not args.older:
+        sys.exit(
+            f"merge: the runs were measured at {len(commits)} commits ({', '.join(sorted(commits))}); "
+            "say what differs between them with --older, or merge the logs of one commit."
+        )
+    for row in rows:
+        run = logged[row["key"]]
+        row["commit"] = run["conditions"]["commit"]["id"][:7] if "conditions" in run else None
+        del row["key"]
     recorder.write(
         Path(args.results) / "lm_scale.json",
         **({} if first is None else {k: first[k] for k in ("commit", "date", "machine", "load")}),
@@ -617,6 +648,7 @@ def merge(args: argparse.Namespace) -> None:
             ("minutes", "minutes", "{:.1f}"),
             ("step_ms", "step ms", "{:.1f}"),
             ("deployed_mb", "weights MB", "{:.1f}"),
+            *([("commit", "commit")] if len(commits) > 1 else []),
         ],
         figures=figures,
         notes=(

@@ -156,3 +156,23 @@ def test_merge_leaves_out_runs_without_conditions_and_needs_older_for_a_changed_
         grid.merge(type("A", (), fields | {"older": None}))
     grid.merge(type("A", (), fields | {"older": "Measured at abc1234 plus a local change."}))
     assert load_results(tmp_path / "r" / "lm_scale.json")["older"] == "Measured at abc1234 plus a local change."
+
+
+def test_merge_of_runs_at_two_commits_names_each_rows_and_the_newest(tmp_path):
+    grid = _grid()
+    log = tmp_path / "log.jsonl"
+    refs = {"part": "references", "references": {"xz": {"bpb": 1.4}}, "scored_bytes": 2 << 20}
+    later = _CONDITIONS | {"commit": {"id": "fedcba987654", "uncommitted_changes": False}, "date": "2026-12-08"}
+    lines = [
+        _run("25M-float-s0", "float", 1.00),
+        _run("25M-w1.58a8-s0", "w1.58a8", 1.03) | {"conditions": later},
+        refs | {"corpus_sha256": {"train": "x"}},
+    ]
+    log.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    fields = {"log": [str(log)], "results": str(tmp_path / "r"), "plot": None, "conditions": None, "note": None}
+    with pytest.raises(SystemExit, match="2 commits"):
+        grid.merge(type("A", (), fields | {"older": None}))
+    grid.merge(type("A", (), fields | {"older": "The ternary run is newer; training code unchanged."}))
+    doc = load_results(tmp_path / "r" / "lm_scale.json")
+    assert doc["commit"]["id"] == "fedcba987654"
+    assert {r["config"]: r["commit"] for r in doc["rows"]} == {"float": "abc1234", "w1.58a8": "fedcba9"}
