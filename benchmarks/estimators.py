@@ -2,7 +2,7 @@
 
 Run from the repository root:
 
-    .venv/bin/python benchmarks/estimators.py [--rounds 5] [--repeats 30] [--warmup 3] [--results docs/results]
+    .venv/bin/python benchmarks/estimators.py [--rounds 5] [--repeats 60] [--warmup 3] [--results docs/results]
 
 It runs the same measurement as ``stejax bench --suite estimators`` (forward and
 gradient of a float32 array of 2**18 values, the gradients of the three forms
@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds, one ratio sample each (default 5)")
     parser.add_argument(
-        "--repeats", type=int, default=30, help="timed calls of each form per estimator per round (default 30)"
+        "--repeats", type=int, default=60, help="timed calls of each form per estimator per round (default 60)"
     )
     parser.add_argument("--warmup", type=int, default=3, help="untimed calls per form first (default 3)")
     parser.add_argument("--results", type=Path, default=Path("docs/results"), metavar="DIR", help="where to write")

@@ -2,7 +2,7 @@
 
 Run from the repository root, after `make setup` (the peers extra: Qwix and Spyx):
 
-    .venv/bin/python benchmarks/peers_results.py [--rounds 5] [--repeats 40] [--snn-repeats 12] [--warmup 3]
+    .venv/bin/python benchmarks/peers_results.py [--rounds 5] [--repeats 100] [--snn-repeats 30] [--warmup 3]
 
 It runs the groups "int8 QAT step by rules" (the digits CNN and a transformer block, Qwix's
 ``quantize_model`` beside stejax's on the same unmodified NNX models) and the spiking groups (the two-layer
@@ -58,9 +58,11 @@ def columns(peer: str) -> list[tuple[str, str]]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds, one ratio sample each (default 5)")
-    parser.add_argument("--repeats", type=int, default=40, help="timed calls of each rules step per round (default 40)")
     parser.add_argument(
-        "--snn-repeats", type=int, default=12, help="timed calls of each spiking step per round (default 12)"
+        "--repeats", type=int, default=100, help="timed calls of each rules step per round (default 100)"
+    )
+    parser.add_argument(
+        "--snn-repeats", type=int, default=30, help="timed calls of each spiking step per round (default 30)"
     )
     parser.add_argument("--warmup", type=int, default=3, help="untimed calls per step first (default 3)")
     parser.add_argument("--results", type=Path, default=Path("docs/results"), metavar="DIR", help="where to write")
