@@ -1,8 +1,12 @@
 """What a QAT training step costs beyond its arithmetic: CPU-time ratios, compiled-HLO counts, compile times.
 
-Writes three results files (docs/results/), every ratio the p50 (p10, p90) of per-round ratios of CPU time
-(`stejax.bench.measure` with clock="cpu": 3 calls per sample, interleaved rounds, one process), so that a loaded,
-shared machine still gives readable comparisons; each file records the load:
+Writes three results files (docs/results/). Every ratio is of CPU time (`stejax.bench.measure` with clock="cpu",
+3 calls per sample, one process), so that a loaded, shared machine still gives readable comparisons, measured in
+`--rounds` interleaved rounds after warm-up: each round times every step `--repeats` times, back to back with the
+others, and gives each ratio one sample, the round's median time of one step over the round's median of the other.
+A ratio is the median over rounds with its spread (`stejax.bench.results.Figure.ratio`: a spread that contains 1
+reads "level with", and a target is met only when every round meets it). Each file records the load, and
+`qat_step.json` the number of rounds:
 
 * `qat_step.json`: the figures. The peers MLP (64-256-256-10, batch 64, `stejax.bench._peers.mlp_calls`): stejax
   w8a8 (LSQ) / stejax float, each as `train` takes it (`compiled_train_step`, log False), and stejax int8 (Qwix's
@@ -18,7 +22,7 @@ shared machine still gives readable comparisons; each file records the load:
   the demo's recipe: one program with the fractions under a `lax.cond`; the step without them plus a
   forward-only statistics program (what `train` does); the step without them plus the step with them.
 
-    python benchmarks/qat_step.py [--repeats 200] [--quick] [--results docs/results]
+    python benchmarks/qat_step.py [--rounds 5] [--repeats 40] [--warmup 5] [--quick] [--results docs/results]
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from stejax.bench import measure, ratio_stats
+from stejax.bench import measure, round_ratios
 from stejax.bench._peers import _int8_step, cnn_calls, mlp_calls
 from stejax.bench._train import step_setup
 from stejax.bench.results import Figure, Recorder
@@ -219,14 +223,123 @@ def compile_costs(presets: tuple[str, ...]) -> list[dict[str, Any]]:
     return rows
 
 
-def main() -> None:
+# The ratios of qat_step.json: key -> (numerator, denominator, target bound or None).
+PAIRS: dict[str, tuple[str, str, float | None]] = {
+    "mlp_w8a8_vs_float": ("stejax w8a8", "stejax float", 1.15),
+    "mlp_int8_vs_qwix": ("stejax int8", "qwix int8", 1.00),
+    "cnn_int8_vs_qwix": ("CNN int8 stejax int8", "CNN int8 qwix int8", 1.00),
+    "cnn_w4a4_vs_float": ("CNN w4a4", "CNN float", 1.10),  # the digits comparison's own bar
+    "mlp_int8_products_vs_qwix": ("stejax int8 (integer products)", "qwix int8", None),
+    "cnn_w8a8_vs_float": ("CNN w8a8", "CNN float", None),
+    "mlp_cond_vs_step": ("stejax w8a8 (one program, lax.cond)", "stejax w8a8", None),
+    "mlp_statistics_every_step_vs_step": ("stejax w8a8 (with statistics)", "stejax w8a8", None),
+    "cnn_cond_vs_step": ("CNN w4a4 (one program, lax.cond)", "CNN w4a4", None),
+    "mlp_cond_w8a8_vs_float": ("stejax w8a8 (one program, lax.cond)", "stejax float", None),
+    "cnn_cond_w4a4_vs_float": ("CNN w4a4 (one program, lax.cond)", "CNN float", None),
+    "mlp_qwix_vs_flax": ("qwix int8", "flax float", None),
+    "cnn_qwix_vs_flax": ("CNN int8 qwix int8", "CNN int8 flax float", None),
+}
+
+# The moonshot's widths, with the timed calls of each step per round (full, quick).
+MOONSHOT = ((1024, (8, 2)), (4096, (2, 1)))
+
+
+def step_calls(quick: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Every step the ratios of PAIRS compare, untimed: ``(calls, programs)``, programs for the HLO counts."""
+    programs: dict[str, Any] = {}
+    calls, _, _, _, _ = mlp_calls(quick=quick, programs=programs)
+    # The one-program step (the fractions under an untaken lax.cond), as train took it before.
+    from stejax.train import TrainConfig, load_splits, make_optimizer
+
+    config = TrainConfig(model="mlp", dropout=0.0, **({"hidden": (16,), "batch_size": 32} if quick else {}))
+    splits = load_splits(config)
+    mc, qc = config.model_config(splits.train), preset("w8a8")
+    optimizer = make_optimizer(config, len(splits.train) // config.batch_size)
+    cond = jax.jit(functools.partial(logged_update, model_config=mc, qat_config=qc, optimizer=optimizer))
+    p, s, batch, _ = programs["stejax w8a8"][1]
+    calls["stejax w8a8 (one program, lax.cond)"] = lambda: cond(p, s, batch, None, False)
+    programs["stejax w8a8 (one program, lax.cond)"] = (cond, (p, s, batch, None, False))
+    with shared_forms():
+        kw = dict(model_config=mc, qat_config=qc, optimizer=optimizer, statistics=False)
+        shared = jax.jit(functools.partial(update, **kw))
+        programs["stejax w8a8, masks off the clip (tried)"] = compiled_text((shared, (p, s, batch, None)))
+        int8 = _int8_step(optimizer)
+        int8_args = programs["stejax int8"][1]
+        programs["stejax int8, masks off the clip (tried)"] = compiled_text((int8, int8_args))
+    cnn_programs: dict[str, Any] = {}
+    cnn, _, _, _ = cnn_calls(quick=quick, programs=cnn_programs)
+    calls.update({f"CNN int8 {name}": call for name, call in cnn.items()})
+    programs.update({f"CNN int8 {name}": program for name, program in cnn_programs.items()})
+    calls.update(cnn_recipe_calls(quick, programs))
+    return calls, programs
+
+
+def ratio_row(label: str, samples: list[float], numerator_ms: float, denominator_ms: float, figure: Any) -> dict:
+    """One row of qat_step.json: the median over rounds, its spread, each round's sample and the times."""
+    return {
+        "ratio": label,
+        "median": float(np.median(samples)),
+        "min": min(samples),
+        "max": max(samples),
+        "rounds": samples,
+        "text": figure.text,
+        "numerator_ms": numerator_ms,
+        "denominator_ms": denominator_ms,
+        "target": figure.target or "",
+        "met": figure.met,
+    }
+
+
+def ratio_table(measured: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, Figure]]:
+    """The rows of PAIRS from one measurement in rounds, and the figures of those with a target."""
+    rows, figures = [], {}
+    for key, (a, b, bound) in PAIRS.items():
+        samples = round_ratios(measured, a, b)
+        figure = Figure.ratio(samples, bound=bound)
+        a_ms, b_ms = measured[a]["stats_ms"]["p50_ms"], measured[b]["stats_ms"]["p50_ms"]
+        rows.append(ratio_row(f"{a} / {b}", samples, a_ms, b_ms, figure))
+        if bound is not None:
+            figures[key] = figure
+    return rows, figures
+
+
+def moonshot_table(*, rounds: int, quick: bool) -> tuple[list[dict[str, Any]], dict[str, Figure]]:
+    """int8 x int8 -> int32 forward products against float, at each width of MOONSHOT, in rounds."""
+    rows, figures = [], {}
+    for width, (full, small) in MOONSHOT:
+        batch_size = 256
+        moon = measure(
+            moonshot_calls(width, batch_size), repeats=small if quick else full, warmup=2, clock="cpu", rounds=rounds
+        )
+        for name in ("int8 products", "int8 fake-quant"):
+            a, b = f"width {width} {name}", f"width {width} float"
+            samples = round_ratios(moon, a, b)
+            figure = Figure.ratio(samples, bound=1.0 if name == "int8 products" else None)
+            label = f"MLP 64-{width}-{width}-10, batch {batch_size}: w8a8 {name} / float"
+            a_ms, b_ms = moon[a]["stats_ms"]["p50_ms"], moon[b]["stats_ms"]["p50_ms"]
+            rows.append(ratio_row(label, samples, a_ms, b_ms, figure))
+            if name == "int8 products":
+                figures[f"int8_products_w8a8_vs_float_{width}"] = figure
+    return rows, figures
+
+
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=200, help="interleaved rounds (default 200)")
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds, one ratio sample each (default 5)")
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=40,
+        help="timed samples (3 calls each) of every step per round (default 40; the int8-product MLPs: "
+        + ", ".join(f"{full} at width {width}" for width, (full, _) in MOONSHOT)
+        + ")",
+    )
     parser.add_argument("--warmup", type=int, default=5, help="untimed calls of each first (default 5)")
-    parser.add_argument("--quick", action="store_true", help="small models and few rounds (a smoke run)")
+    parser.add_argument("--quick", action="store_true", help="small models and few calls (a smoke run)")
     parser.add_argument("--results", type=Path, default=Path("docs/results"), help="where the results files go")
-    args = parser.parse_args()
-    command = "python benchmarks/qat_step.py" + (f" --repeats {args.repeats}" if args.repeats != 200 else "")
+    args = parser.parse_args(argv)
+    command = f"python benchmarks/qat_step.py --rounds {args.rounds} --repeats {args.repeats} --warmup {args.warmup}"
+    command += " --quick" if args.quick else ""
 
     # --- compile cost of the statistics (first: a quiet process, nothing compiled yet) ---
     compile_rec = Recorder("qat_step_compile", command=command)
@@ -248,106 +361,34 @@ def main() -> None:
     )
 
     rec = Recorder("qat_step", command=command)
-    programs: dict[str, Any] = {}
-    calls, _, _, _, _ = mlp_calls(quick=args.quick, programs=programs)
-    # The one-program step (the fractions under an untaken lax.cond), as train took it before.
-    from stejax.train import TrainConfig, load_splits, make_optimizer
-
-    config = TrainConfig(model="mlp", dropout=0.0, **({"hidden": (16,), "batch_size": 32} if args.quick else {}))
-    splits = load_splits(config)
-    mc, qc = config.model_config(splits.train), preset("w8a8")
-    optimizer = make_optimizer(config, len(splits.train) // config.batch_size)
-    cond = jax.jit(functools.partial(logged_update, model_config=mc, qat_config=qc, optimizer=optimizer))
-    p, s, batch, _ = programs["stejax w8a8"][1]
-    calls["stejax w8a8 (one program, lax.cond)"] = lambda: cond(p, s, batch, None, False)
-    programs["stejax w8a8 (one program, lax.cond)"] = (cond, (p, s, batch, None, False))
-    with shared_forms():
-        kw = dict(model_config=mc, qat_config=qc, optimizer=optimizer, statistics=False)
-        shared = jax.jit(functools.partial(update, **kw))
-        programs["stejax w8a8, masks off the clip (tried)"] = compiled_text((shared, (p, s, batch, None)))
-        int8 = _int8_step(optimizer)
-        int8_args = programs["stejax int8"][1]
-        programs["stejax int8, masks off the clip (tried)"] = compiled_text((int8, int8_args))
-    cnn_programs: dict[str, Any] = {}
-    cnn, _, _, _ = cnn_calls(quick=args.quick, programs=cnn_programs)
-    calls.update({f"CNN int8 {name}": call for name, call in cnn.items()})
-    programs.update({f"CNN int8 {name}": program for name, program in cnn_programs.items()})
-    calls.update(cnn_recipe_calls(args.quick, programs))
-
+    calls, programs = step_calls(args.quick)
     rows_hlo = [{"program": name, **hlo_counts(compiled_text(program))} for name, program in programs.items()]
-    measured = measure(calls, repeats=args.repeats, warmup=args.warmup, clock="cpu", calls_per_sample=3)
-
-    pairs = {
-        "mlp_w8a8_vs_float": ("stejax w8a8", "stejax float", "≤ 1.15×", 1.15),
-        "mlp_int8_vs_qwix": ("stejax int8", "qwix int8", "≤ 1.00×", 1.00),
-        "cnn_int8_vs_qwix": ("CNN int8 stejax int8", "CNN int8 qwix int8", "≤ 1.00×", 1.00),
-        "cnn_w4a4_vs_float": ("CNN w4a4", "CNN float", "≤ 1.10×", 1.10),  # the digits comparison's own bar
-        "mlp_int8_products_vs_qwix": ("stejax int8 (integer products)", "qwix int8", None, None),
-        "cnn_w8a8_vs_float": ("CNN w8a8", "CNN float", None, None),
-        "mlp_cond_vs_step": ("stejax w8a8 (one program, lax.cond)", "stejax w8a8", None, None),
-        "mlp_statistics_every_step_vs_step": ("stejax w8a8 (with statistics)", "stejax w8a8", None, None),
-        "cnn_cond_vs_step": ("CNN w4a4 (one program, lax.cond)", "CNN w4a4", None, None),
-        "mlp_cond_w8a8_vs_float": ("stejax w8a8 (one program, lax.cond)", "stejax float", None, None),
-        "cnn_cond_w4a4_vs_float": ("CNN w4a4 (one program, lax.cond)", "CNN float", None, None),
-        "mlp_qwix_vs_flax": ("qwix int8", "flax float", None, None),
-        "cnn_qwix_vs_flax": ("CNN int8 qwix int8", "CNN int8 flax float", None, None),
-    }
-    rows, figures = [], {}
-    for key, (a, b, target, limit) in pairs.items():
-        r = ratio_stats(measured[a]["seconds"], measured[b]["seconds"])
-        rows.append(
-            {
-                "ratio": f"{a} / {b}",
-                "p50": r["p50"],
-                "p10": r["p10"],
-                "p90": r["p90"],
-                "numerator_ms": measured[a]["stats_ms"]["p50_ms"],
-                "denominator_ms": measured[b]["stats_ms"]["p50_ms"],
-                "target": target or "",
-            }
-        )
-        if target is not None:
-            figures[key] = Figure(r["p50"], f"{r['p50']:.3f}×", target=target, met=bool(r["p50"] <= limit))
-
+    measured = measure(
+        calls, repeats=args.repeats, warmup=args.warmup, clock="cpu", calls_per_sample=3, rounds=args.rounds
+    )
+    rows, figures = ratio_table(measured)
     # --- the moonshot: int8 x int8 -> int32 forward products against float, at widths 1024 and 4096 ---
-    for width, repeats in ((1024, 8 if args.quick else 40), (4096, 2 if args.quick else 10)):
-        batch_size = 256
-        moon = measure(moonshot_calls(width, batch_size), repeats=repeats, warmup=2, clock="cpu")
-        for name in ("int8 products", "int8 fake-quant"):
-            a, b = f"width {width} {name}", f"width {width} float"
-            r = ratio_stats(moon[a]["seconds"], moon[b]["seconds"])
-            rows.append(
-                {
-                    "ratio": f"MLP 64-{width}-{width}-10, batch {batch_size}: w8a8 {name} / float",
-                    "p50": r["p50"],
-                    "p10": r["p10"],
-                    "p90": r["p90"],
-                    "numerator_ms": moon[a]["stats_ms"]["p50_ms"],
-                    "denominator_ms": moon[b]["stats_ms"]["p50_ms"],
-                    "target": "< 1.00× (stretch)" if name == "int8 products" else "",
-                }
-            )
-            if name == "int8 products":
-                figures[f"int8_products_w8a8_vs_float_{width}"] = Figure(
-                    r["p50"], f"{r['p50']:.3f}×", target="< 1.00×", met=bool(r["p50"] < 1.0)
-                )
+    moon_rows, moon_figures = moonshot_table(rounds=args.rounds, quick=args.quick)
+    rows += moon_rows
+    figures.update(moon_figures)
 
     rec.write(
         args.results / "qat_step.json",
         rows=rows,
         columns=[
             ("ratio", "ratio (CPU time)"),
-            ("p50", "p50", "{:.3f}"),
-            ("p10", "p10", "{:.3f}"),
-            ("p90", "p90", "{:.3f}"),
+            ("text", "median (min–max) over rounds"),
             ("numerator_ms", "numerator (ms)", "{:.3f}"),
             ("denominator_ms", "denominator (ms)", "{:.3f}"),
             ("target", "target"),
         ],
         figures=figures,
-        notes=f"Per-round ratios of CPU time per call ({args.repeats} interleaved rounds of 3 calls each, after "
-        f"{args.warmup} warm-up calls; the int8-product rows: fewer rounds of one call). stejax float, w8a8 and the "
-        "CNN presets are the step train takes on every batch but an epoch's last.",
+        notes=f"Ratios of CPU time per call, one per round ({args.rounds} interleaved rounds of {args.repeats} "
+        f"samples of 3 calls of each step, after {args.warmup} warm-up calls; the int8-product rows: "
+        + ", ".join(f"{small if args.quick else full} calls at width {width}" for width, (full, small) in MOONSHOT)
+        + " per round). stejax float, w8a8 and the CNN presets are the step train takes on every batch but an "
+        "epoch's last.",
+        rounds=args.rounds,
     )
     hlo_rec = Recorder("qat_step_hlo", command=command)
     hlo_rec.write(
@@ -358,7 +399,7 @@ def main() -> None:
         "uniform quantisers' derivatives with every mask read off the forward's clip, not adopted.",
     )
     for row in rows:
-        print(f"{row['ratio']:75s} p50 {row['p50']:.3f} (p10 {row['p10']:.3f}, p90 {row['p90']:.3f})")
+        print(f"{row['ratio']:75s} {row['text']}")
     for row in rows_hlo:
         print(f"{row['program']:50s}", " ".join(f"{k}={v}" for k, v in row.items() if k != "program"))
 

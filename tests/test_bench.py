@@ -147,11 +147,36 @@ def test_measure_checks_its_arguments(kwargs, message):
 
 
 def test_settings():
-    assert BenchSettings.make().repeats == 30 and BenchSettings.make().warmup == 3
+    full = BenchSettings.make()
+    assert (full.rounds, full.repeats, full.warmup) == (5, 6, 3)
     quick = BenchSettings.make(quick=True, repeats=7)
     assert quick.quick and quick.repeats == 7 and quick.warmup == 1 and quick.estimator_size == 2**12
+    assert quick.rounds == 1 and BenchSettings.make(quick=True, rounds=3).rounds == 3
     with pytest.raises(ValueError, match="warmup must be an int >= 1"):
         BenchSettings.make(warmup=0)
+    with pytest.raises(ValueError, match="rounds must be an int >= 1"):
+        BenchSettings.make(rounds=0)
+
+
+def test_the_suites_with_figures_per_round_take_the_rounds_and_the_others_every_pass(monkeypatch):
+    import stejax.bench._run as run_module
+
+    seen: dict[str, dict] = {}
+
+    def fake(name):
+        def suite(**kwargs):
+            seen[name] = kwargs
+            return {"groups": [], "rows": []}
+
+        return suite
+
+    for runner, name in (("estimators_suite", "estimators"), ("train_suite", "train"), ("_onnx_suite", "onnx")):
+        monkeypatch.setattr(run_module, runner, fake(name))
+    settings = BenchSettings.make(quick=True, rounds=2, repeats=3)
+    run_bench(["estimators", "train", "onnx"], out_dir=None, settings=settings)
+    assert (seen["estimators"]["rounds"], seen["estimators"]["repeats"]) == (2, 3)
+    assert (seen["onnx"]["rounds"], seen["onnx"]["repeats"]) == (2, 3)
+    assert seen["train"]["repeats"] == 6 and "rounds" not in seen["train"]
 
 
 def test_machine_and_versions():

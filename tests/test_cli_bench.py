@@ -41,6 +41,8 @@ def test_bench_writes_the_report(runner, tmp_path):
         "--quick",
         "--repeats",
         "2",
+        "--rounds",
+        "3",
         "--out",
         str(out),
     ]
@@ -49,6 +51,9 @@ def test_bench_writes_the_report(runner, tmp_path):
     assert "running the estimators suite" in result.output and "round_ste" in result.output
     report = json.loads((out / "bench.json").read_text())
     assert list(report["suites"]) == ["estimators"] and report["settings"]["repeats"] == 2
+    assert report["settings"]["rounds"] == 3  # each round gives each ratio one sample
+    (group,) = report["suites"]["estimators"]["groups"]
+    assert len(group["ratios"]["ours/stop_gradient"]["rounds"]) == 3 and group["variants"]["ours"]["stats_ms"]["n"] == 6
     assert [g["name"] for g in report["suites"]["estimators"]["groups"]] == ["round_ste"]
     assert (out / "bench.md").exists() and (out / "bench.png").read_bytes()[:8] == PNG_SIGNATURE
 
@@ -82,6 +87,7 @@ def test_bench_exits_1_when_a_suite_fails(runner, tmp_path, monkeypatch):
         (["--suite", "speed"], "'speed' is not one of"),
         (["--estimator", "round"], "no estimator named 'round'"),
         (["--repeats", "0"], "0 is not in the range x>=1"),
+        (["--rounds", "0"], "0 is not in the range x>=1"),
     ],
 )
 def test_bench_usage_errors(runner, tmp_path, args, message):

@@ -8,7 +8,8 @@ int8 QAT step on Flax NNX beside stejax's, when installed). Every group of
 variants is timed by :func:`measure`: warm-up calls first, then interleaved
 rounds with ``jax.block_until_ready``, compilations counted from
 ``jax.monitoring`` events; :func:`summarize` gives min, p50, p90, p99 and max,
-and comparisons are per-round ratios (:func:`ratio_stats`). The report records
+and comparisons are ratios of variants timed together (:func:`ratio_stats`; :func:`measure_rounds` and
+:func:`round_ratios` give one ratio per round, whose spread a results file's figure shows). The report records
 the machine and the versions, and is written as ``bench.json``
 (:func:`check_report` states its schema), ``bench.md`` and ``bench.png``.
 
@@ -23,7 +24,9 @@ from stejax.bench._machine import versions as versions
 from stejax.bench._measure import CompileCounter as CompileCounter
 from stejax.bench._measure import compare as compare
 from stejax.bench._measure import measure as measure
+from stejax.bench._measure import measure_rounds as measure_rounds
 from stejax.bench._measure import ratio_stats as ratio_stats
+from stejax.bench._measure import round_ratios as round_ratios
 from stejax.bench._measure import summarize as summarize
 from stejax.bench._peers import peers_suite as peers_suite
 from stejax.bench._report import FORMAT as FORMAT

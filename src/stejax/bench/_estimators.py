@@ -39,7 +39,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from stejax.bench._measure import CompileCounter, compare
+from stejax.bench._measure import CompileCounter, group_record, measure_rounds
 from stejax.estimators.catalog import CATALOG
 
 __all__ = [
@@ -47,6 +47,8 @@ __all__ = [
     "TARGET_VS_FUSED",
     "TARGET_VS_STOP_GRADIENT",
     "VARIANTS",
+    "estimator_calls",
+    "estimator_group",
     "estimators_suite",
     "grad_tolerance",
 ]
@@ -58,8 +60,15 @@ TANGENT_GRAD_RTOL = 1e-6
 VARIANTS = ("ours", "stop_gradient", "fused")
 
 
-def estimators_suite(*, repeats: int, warmup: int, size: int, names: Sequence[str] | None = None) -> dict[str, Any]:
+def estimators_suite(
+    *, repeats: int, warmup: int, size: int, names: Sequence[str] | None = None, rounds: int = 1
+) -> dict[str, Any]:
     """Time every catalog estimator (or ``names``) against its stop_gradient form and the fused limit.
+
+    Every estimator's gradients are checked first (:func:`estimator_calls`); then the whole catalog is timed
+    in ``rounds`` interleaved rounds (:func:`stejax.bench.measure_rounds`): each round times every estimator in
+    turn, ``repeats`` passes over its variants, so each round gives every ratio one sample (the ``rounds`` of
+    each ratio record).
 
     Returns:
       ``{"notes", "config", "targets", "groups", "skipped"}``: one group per estimator with
@@ -77,21 +86,27 @@ def estimators_suite(*, repeats: int, warmup: int, size: int, names: Sequence[st
     unknown = [n for n in names if n not in CATALOG]
     if unknown:
         raise ValueError(f"estimators: no estimator named {unknown[0]!r}; known: {', '.join(CATALOG)}.")
-    groups, skipped = [], []
+    prepared, skipped = [], []
     for name in names:
         entry = CATALOG[name]
         reason = skip_reason(entry)
         if reason:
             skipped.append({"name": name, "reason": reason})
             continue
-        groups.append(benchmark_estimator(entry, size=size, repeats=repeats, warmup=warmup))
+        prepared.append(estimator_calls(entry, size=size))
+    measured = (
+        measure_rounds({p["name"]: p["calls"] for p in prepared}, rounds=rounds, repeats=repeats, warmup=warmup)
+        if prepared
+        else {}
+    )
+    groups = [estimator_group(p, measured[p["name"]]) for p in prepared]
     failed = [g for g in groups if g["info"]["status"] == "failed"]
     return {
         "notes": [
             f"FAILED {g['name']}: gradients disagree, its times compare nothing: {g['info']['failure']}."
             for g in failed
         ],
-        "config": {"size": size, "dtype": "float32", "repeats": repeats, "warmup": warmup},
+        "config": {"size": size, "dtype": "float32", "rounds": rounds, "repeats": repeats, "warmup": warmup},
         "targets": {"ours/stop_gradient": TARGET_VS_STOP_GRADIENT, "ours/fused": TARGET_VS_FUSED},
         "groups": groups,
         "skipped": skipped,
@@ -115,15 +130,20 @@ def input_shape(entry, params: dict[str, Any], size: int) -> tuple[int, ...]:
     return (max(1, size // math.prod(tail)), *tail)
 
 
-def benchmark_estimator(entry, *, size: int, repeats: int, warmup: int) -> dict[str, Any]:
-    """One estimator's group: ours, stop_gradient and fused, measured interleaved.
+def estimator_calls(entry, *, size: int) -> dict[str, Any]:
+    """One estimator's variants, compiled and their gradients checked, ready to time.
 
     Every variant computes the value and the gradient with respect to all the
     entry's differentiable arguments (``entry.diff_argnums``: the input and any
     trainable step, offset or clip). Their gradients are compared with ours
-    before any time is taken: beyond :data:`GRAD_TOLERANCE` the group's
+    before any time is taken: beyond :func:`grad_tolerance` the group's
     ``info["status"]`` is ``"failed"``, its targets count as not met, and
     ``info["failure"]`` says which variant and argument differ and by how much.
+
+    Returns:
+      ``{"name", "calls", "ratios", "info", "first_compiles", "failures"}``: ``calls`` the zero-argument
+      calls to time, ``ratios`` the ``(numerator, denominator)`` pairs, ``first_compiles`` each variant's
+      compilations (count, seconds) in its first call, made here.
     """
     params = entry.default_params()
     rng = np.random.default_rng(0)
@@ -228,13 +248,11 @@ def benchmark_estimator(entry, *, size: int, repeats: int, warmup: int) -> dict[
         max_grad_diff[k] = worst
 
     calls = {k: (lambda f=f: f(*inputs)) for k, f in fns.items()}
-    group = compare(
-        entry.name,
-        calls,
-        repeats=repeats,
-        warmup=warmup,
-        ratios=[("ours", other) for other in ("stop_gradient", "fused") if other in fns],
-        info={
+    return {
+        "name": entry.name,
+        "calls": calls,
+        "ratios": [("ours", other) for other in ("stop_gradient", "fused") if other in fns],
+        "info": {
             "family": entry.family,
             "shape": list(shape),
             "form": form,
@@ -243,12 +261,23 @@ def benchmark_estimator(entry, *, size: int, repeats: int, warmup: int) -> dict[
             "max_grad_diff": max_grad_diff,
             "max_abs_grad": max(float(np.max(np.abs(g), initial=0.0)) for g in grads_ours),
         },
-    )
-    for k, (count, seconds) in first_compiles.items():
+        "first_compiles": first_compiles,
+        "failures": failures,
+    }
+
+
+def estimator_group(prepared: dict[str, Any], measured: dict[str, Any]) -> dict[str, Any]:
+    """The group record of one estimator from its :func:`estimator_calls` and its measured variants.
+
+    The ratios' ``p50`` is the median of the per-sample ratios; ``rounds`` holds one ratio per round.
+    """
+    group = group_record(prepared["name"], measured, ratios=prepared["ratios"], info=prepared["info"])
+    for k, (count, seconds) in prepared["first_compiles"].items():
         group["variants"][k]["compiles_warmup"] += count
         group["variants"][k]["compile_seconds"] += seconds
     vs_sg = group["ratios"]["ours/stop_gradient"]["p50"]
     vs_fused = group["ratios"].get("ours/fused", {}).get("p50")
+    failures = prepared["failures"]
     agree = not failures
     group["info"]["status"] = "ok" if agree else "failed"
     group["info"]["failure"] = "; ".join(failures)

@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["onnx_suite"]
+__all__ = ["onnx_figures", "onnx_suite"]
 
 THREADS = 2  # ORT's intra_op_num_threads, set explicitly (the machine's other cores are not ours)
 
@@ -115,23 +115,128 @@ def _call(kind: str, obj: Any, x: np.ndarray) -> Any:
     return lambda: s.run(None, {kind: x})[0]
 
 
-def _faster_than_float(stats: dict[str, float]) -> Any:
-    """The figure of a graph's throughput over float's (per-round time ratios), with their spread.
+def onnx_figures(groups: list[dict[str, Any]], sizes: dict[str, int]) -> dict[str, Any]:
+    """The figures of ``onnx.json`` from the measured groups (their per-round ratios) and the MLP's file sizes.
 
-    The value is the median; met only when the 10th percentile is at least 1 too. A spread that contains 1
-    (the machine's load leaves the comparison open) is not a target met, and the note says so.
+    A throughput ratio is the time ratio of the same round (float's time over int8's is int8's throughput over
+    float's), one sample per round, written by :meth:`stejax.bench.results.Figure.ratio`: the median over
+    rounds with its spread, "level with" where the spread contains 1, and a target met only when every
+    round meets it.
+
+    Args:
+      groups: the suite's group records; the figures read ``mlp-*`` and (where measured) ``cnn`` at batch 256.
+      sizes: the MLP's ONNX Runtime file bytes by format (``"float"``, ``"int8"``).
     """
     from stejax.bench.results import Figure
 
-    value, lo, hi = stats["p50"], stats["p10"], stats["p90"]
-    spread = f"per-round ratios over {stats['n']} rounds: p10 {lo:.2f}×, p90 {hi:.2f}×"
-    if lo < 1 <= hi:
-        spread += "; the spread contains 1, so this run does not settle it"
-    text = f"{value:.2f}× (p10 {lo:.2f}×, p90 {hi:.2f}×)"
-    return Figure(value, text, target="≥ 1.0×", met=lo >= 1.0, note=spread + ".")
+    at_256 = {g["info"]["model"].split("-")[0]: g["ratios"] for g in groups if g["info"]["batch"] == 256}
+    mlp = at_256["mlp"]
+    size = sizes["int8"] / sizes["float"]
+    figures = {
+        "int8_file_vs_float_mlp": Figure(size, f"{size:.2f}×", target="≤ 0.3×", met=size <= 0.3),
+        "ort_int8_vs_float_mlp_b256": Figure.ratio(
+            mlp["onnxruntime float/onnxruntime int8"]["rounds"], bound=1.5, lower_is_better=False
+        ),
+        "ort_int8_vs_stejax_mlp_b256": Figure.ratio(
+            mlp["stejax int8/onnxruntime int8"]["rounds"], bound=1.0, lower_is_better=False
+        ),
+    }
+    if "cnn" in at_256:  # not in a quick run
+        cnn = at_256["cnn"]
+        for key, fmt in (
+            ("ort_qlinearconv_vs_float_cnn_b256", "int8"),
+            ("ort_qlinearconv_int4_vs_float_cnn_b256", "int4"),
+        ):
+            samples = cnn[f"onnxruntime float/onnxruntime-qlinearconv {fmt}"]["rounds"]
+            figures[key] = Figure.ratio(samples, bound=1.0, lower_is_better=False)
+        figures["ort_convinteger_vs_float_cnn_b256"] = Figure.ratio(cnn["onnxruntime float/onnxruntime int8"]["rounds"])
+    return figures
 
 
-def onnx_suite(*, repeats: int, warmup: int, quick: bool, results_dir: str | Path | None = None) -> dict:
+def onnx_groups(
+    tmp: Path, *, width: int, quick: bool
+) -> dict[str, tuple[str, int, dict[str, Any], dict[str, Any], list]]:
+    """The groups :func:`onnx_suite` times, their files written into ``tmp``, untimed.
+
+    Returns:
+      ``{group name: (model, batch, variants, calls, pairs)}``: ``variants`` maps each variant to
+      ``(input name or runtime, model or file, file bytes or 0)``, ``calls`` to its zero-argument call, and
+      ``pairs`` are the ``(numerator, denominator)`` time ratios to report.
+    """
+    from stejax.onnx import export_nnx
+
+    rng = np.random.default_rng(0)
+    batches = (1, 256)
+    groups: list[tuple[str, dict[str, tuple[str, Any, int]], np.ndarray]] = []
+    # mlp-1024: int8 and int4 (+ float from the int8 model's dequantised weights)
+    mlp_name = f"mlp-{width}"
+    m8, m4 = _mlp(width, 8, rng), _mlp(width, 4, rng)
+    f8, f4 = _digits_files(m8, tmp, "mlp8"), _digits_files(m4, tmp, "mlp4")
+    x_mlp = rng.normal(size=(256, width)).astype(np.float32)
+    groups.append(
+        (
+            mlp_name,
+            {
+                "onnxruntime float": ("features", f8["float"], f8["float"].stat().st_size),
+                "onnxruntime int8": ("features", f8["int8"], f8["int8"].stat().st_size),
+                "onnxruntime int4": ("features", f4["int4"], f4["int4"].stat().st_size),
+                "stejax int8": ("stejax", m8, 0),
+                "stejax int4": ("stejax", m4, 0),
+            },
+            x_mlp,
+        )
+    )
+    if not quick:
+        c8, x_cnn = _cnn("w8a8")
+        c4, _ = _cnn("w4a4")
+        g8, g4 = _digits_files(c8, tmp, "cnn8"), _digits_files(c4, tmp, "cnn4")
+        x_cnn = np.resize(x_cnn, (256, x_cnn.shape[1])).astype(np.float32)
+        groups.append(
+            (
+                "cnn",
+                {
+                    "onnxruntime float": ("features", g8["float"], g8["float"].stat().st_size),
+                    "onnxruntime int8": ("features", g8["int8"], g8["int8"].stat().st_size),
+                    "onnxruntime int4": ("features", g4["int8"], g4["int8"].stat().st_size),
+                    "onnxruntime-qlinearconv int8": ("features", g8["qlinear"], g8["qlinear"].stat().st_size),
+                    "onnxruntime-qlinearconv int4": ("features", g4["qlinear"], g4["qlinear"].stat().st_size),
+                    "stejax int8": ("stejax", c8, 0),
+                    "stejax int4": ("stejax", c4, 0),
+                },
+                x_cnn,
+            )
+        )
+    q, x_rules = _rules_model(256)
+    rq = export_nnx(q, x_rules, tmp / "rules-int8.onnx")
+    rf = export_nnx(q, x_rules, tmp / "rules-float.onnx", float_model=True)
+    qfn = jax.jit(lambda v: q(v))
+    groups.append(
+        (
+            "rules-mlp",
+            {
+                "onnxruntime float": ("input", rf, rf.stat().st_size),
+                "onnxruntime int8": ("input", rq, rq.stat().st_size),
+                "stejax int8": ("nnx", qfn, 0),
+            },
+            x_rules,
+        )
+    )
+    timed: dict[str, tuple[str, int, dict[str, tuple[str, Any, int]], dict[str, Any], list]] = {}
+    for model_name, variants, x_all in groups:
+        for batch in batches:
+            x = np.ascontiguousarray(x_all[:batch])
+            calls = {key: _call(kind, obj, x) for key, (kind, obj, _) in variants.items()}
+            pairs = [("onnxruntime float", "onnxruntime int8"), ("stejax int8", "onnxruntime int8")]
+            if "onnxruntime-qlinearconv int8" in variants:  # the cnn's default graphs against float
+                pairs.append(("onnxruntime float", "onnxruntime-qlinearconv int8"))
+                pairs.append(("onnxruntime float", "onnxruntime-qlinearconv int4"))
+            timed[f"{model_name} batch {batch}"] = (model_name, batch, variants, calls, pairs)
+    return timed
+
+
+def onnx_suite(
+    *, repeats: int, warmup: int, quick: bool, results_dir: str | Path | None = None, rounds: int = 1
+) -> dict:
     """Time ONNX Runtime on the float, int8 and int4 files of three models against stejax's own forward.
 
     Models: ``mlp-1024`` (three dense layers 1024 wide, random codes; int8 and
@@ -142,136 +247,55 @@ def onnx_suite(*, repeats: int, warmup: int, quick: bool, results_dir: str | Pat
     sequential) and ``stejax`` (the jitted integer forward
     :meth:`stejax.export.ExportedModel.compiled_apply`; for the rules model, the
     jitted fake-quantised NNX model, stejax's only forward for it). Batches 1
-    and 256; each (model, batch) group is timed in interleaved rounds in one
-    process. Writes ``RESULTS_DIR/onnx.json`` when ``results_dir`` is given (not with ``quick``).
-    """
-    from stejax.bench._measure import compare
-    from stejax.bench.results import Figure, Recorder
-    from stejax.onnx import export_nnx
+    and 256. Every (model, batch) group is timed in each of ``rounds`` interleaved
+    rounds in one process (:func:`stejax.bench.measure_rounds`: ``repeats`` passes
+    over the group's variants per round), so each round gives each ratio one
+    sample; the figures are :func:`onnx_figures`. Writes ``RESULTS_DIR/onnx.json``
+    when ``results_dir`` is given (not with ``quick``).
 
-    recorder = Recorder("onnx", command="stejax bench --suite onnx --out bench-out --results docs/results")
-    rng = np.random.default_rng(0)
+    Returns:
+      ``{"config", "groups", "rows", "figures", "notes"}``, ``figures`` as JSON-ready dicts.
+    """
+    from stejax.bench._measure import group_record, measure_rounds
+    from stejax.bench.results import Recorder
+
+    recorder = Recorder(
+        "onnx",
+        command=f"stejax bench --suite onnx --rounds {rounds} --repeats {repeats} --warmup {warmup} --out bench-out "
+        "--results docs/results",
+    )
     width = 256 if quick else 1024
-    batches = (1, 256)
+    mlp_name = f"mlp-{width}"
     rows: list[dict[str, Any]] = []
     bench_groups: list[dict[str, Any]] = []
-    ratios: dict[str, float] = {}
-    spreads: dict[str, dict[str, float]] = {}  # per-round ratio statistics (n, p10, p50, p90)
     with tempfile.TemporaryDirectory(prefix="stejax-bench-onnx-") as tmp_dir:
-        tmp = Path(tmp_dir)
-        groups: list[tuple[str, dict[str, tuple[str, Any, int]], np.ndarray]] = []
-        # mlp-1024: int8 and int4 (+ float from the int8 model's dequantised weights)
-        mlp_name = f"mlp-{width}"
-        m8, m4 = _mlp(width, 8, rng), _mlp(width, 4, rng)
-        f8, f4 = _digits_files(m8, tmp, "mlp8"), _digits_files(m4, tmp, "mlp4")
-        x_mlp = rng.normal(size=(256, width)).astype(np.float32)
-        groups.append(
-            (
-                mlp_name,
-                {
-                    "onnxruntime float": ("features", f8["float"], f8["float"].stat().st_size),
-                    "onnxruntime int8": ("features", f8["int8"], f8["int8"].stat().st_size),
-                    "onnxruntime int4": ("features", f4["int4"], f4["int4"].stat().st_size),
-                    "stejax int8": ("stejax", m8, 0),
-                    "stejax int4": ("stejax", m4, 0),
-                },
-                x_mlp,
-            )
+        timed = onnx_groups(Path(tmp_dir), width=width, quick=quick)
+        measured = measure_rounds(
+            {label: t[3] for label, t in timed.items()}, rounds=rounds, repeats=repeats, warmup=warmup
         )
-        if not quick:
-            c8, x_cnn = _cnn("w8a8")
-            c4, _ = _cnn("w4a4")
-            g8, g4 = _digits_files(c8, tmp, "cnn8"), _digits_files(c4, tmp, "cnn4")
-            x_cnn = np.resize(x_cnn, (256, x_cnn.shape[1])).astype(np.float32)
-            groups.append(
-                (
-                    "cnn",
-                    {
-                        "onnxruntime float": ("features", g8["float"], g8["float"].stat().st_size),
-                        "onnxruntime int8": ("features", g8["int8"], g8["int8"].stat().st_size),
-                        "onnxruntime int4": ("features", g4["int8"], g4["int8"].stat().st_size),
-                        "onnxruntime-qlinearconv int8": ("features", g8["qlinear"], g8["qlinear"].stat().st_size),
-                        "onnxruntime-qlinearconv int4": ("features", g4["qlinear"], g4["qlinear"].stat().st_size),
-                        "stejax int8": ("stejax", c8, 0),
-                        "stejax int4": ("stejax", c4, 0),
-                    },
-                    x_cnn,
-                )
-            )
-        q, x_rules = _rules_model(256)
-        rq = export_nnx(q, x_rules, tmp / "rules-int8.onnx")
-        rf = export_nnx(q, x_rules, tmp / "rules-float.onnx", float_model=True)
-        qfn = jax.jit(lambda v: q(v))
-        groups.append(
-            (
-                "rules-mlp",
-                {
-                    "onnxruntime float": ("input", rf, rf.stat().st_size),
-                    "onnxruntime int8": ("input", rq, rq.stat().st_size),
-                    "stejax int8": ("nnx", qfn, 0),
-                },
-                x_rules,
-            )
+    for label, (model_name, batch, variants, _, pairs) in timed.items():
+        group = group_record(
+            label,
+            measured[label],
+            ratios=pairs,
+            info={"model": model_name, "batch": batch, "threads": THREADS},
         )
-        for model_name, variants, x_all in groups:
-            for batch in batches:
-                x = np.ascontiguousarray(x_all[:batch])
-                calls = {key: _call(kind, obj, x) for key, (kind, obj, _) in variants.items()}
-                pairs = [("onnxruntime float", "onnxruntime int8"), ("stejax int8", "onnxruntime int8")]
-                if "onnxruntime-qlinearconv int8" in variants:  # the cnn's default graphs against float
-                    pairs.append(("onnxruntime float", "onnxruntime-qlinearconv int8"))
-                    pairs.append(("onnxruntime float", "onnxruntime-qlinearconv int4"))
-                group = compare(
-                    f"{model_name} batch {batch}",
-                    calls,
-                    repeats=repeats,
-                    warmup=warmup,
-                    ratios=pairs,
-                    info={"model": model_name, "batch": batch, "threads": THREADS},
-                )
-                bench_groups.append(group)
-                for key, m in group["variants"].items():
-                    runtime, fmt = key.split(" ")
-                    rows.append(
-                        {
-                            "model": model_name,
-                            "format": fmt,
-                            "runtime": runtime,
-                            "batch": batch,
-                            "ms_p50": float(m["stats_ms"]["p50_ms"]),
-                            "ms_p99": float(m["stats_ms"]["p99_ms"]),
-                            "file_bytes": int(variants[key][2]) or None,
-                        }
-                    )
-                if model_name == "cnn" and batch == 256:
-                    for fmt in ("int8", "int4"):
-                        spreads[f"cnn_float_over_qlinear_{fmt}"] = group["ratios"][
-                            f"onnxruntime float/onnxruntime-qlinearconv {fmt}"
-                        ]
-                    ratios["cnn_float_over_qlinear"] = float(spreads["cnn_float_over_qlinear_int8"]["p50"])
-                    ratios["cnn_float_over_integer"] = float(
-                        group["ratios"]["onnxruntime float/onnxruntime int8"]["p50"]
-                    )
-                if model_name == mlp_name and batch == 256:
-                    # Time ratios of the same round: float / int8 is int8's throughput over float's.
-                    ratios["float_over_int8"] = float(group["ratios"]["onnxruntime float/onnxruntime int8"]["p50"])
-                    ratios["stejax_over_ort"] = float(group["ratios"]["stejax int8/onnxruntime int8"]["p50"])
-    a, b = ratios["float_over_int8"], ratios["stejax_over_ort"]
+        bench_groups.append(group)
+        for key, m in group["variants"].items():
+            runtime, fmt = key.split(" ")
+            rows.append(
+                {
+                    "model": model_name,
+                    "format": fmt,
+                    "runtime": runtime,
+                    "batch": batch,
+                    "ms_p50": float(m["stats_ms"]["p50_ms"]),
+                    "ms_p99": float(m["stats_ms"]["p99_ms"]),
+                    "file_bytes": int(variants[key][2]) or None,
+                }
+            )
     sizes = {r["format"]: r["file_bytes"] for r in rows if r["model"] == mlp_name and r["runtime"] == "onnxruntime"}
-    size = sizes["int8"] / sizes["float"]
-    figures = {
-        "int8_file_vs_float_mlp": Figure(size, f"{size:.2f}×", target="≤ 0.3×", met=size <= 0.3),
-        "ort_int8_vs_float_mlp_b256": Figure(a, f"{a:.2f}×", target="≥ 1.5×", met=a >= 1.5),
-        "ort_int8_vs_stejax_mlp_b256": Figure(b, f"{b:.2f}×", target="≥ 1.0×", met=b >= 1.0),
-    }
-    if "cnn_float_over_qlinear" in ratios:  # not in a quick run
-        for key, fmt in (
-            ("ort_qlinearconv_vs_float_cnn_b256", "int8"),
-            ("ort_qlinearconv_int4_vs_float_cnn_b256", "int4"),
-        ):
-            figures[key] = _faster_than_float(spreads[f"cnn_float_over_qlinear_{fmt}"])
-        d = ratios["cnn_float_over_integer"]
-        figures["ort_convinteger_vs_float_cnn_b256"] = Figure(d, f"{d:.2f}×")
+    figures = onnx_figures(bench_groups, sizes)
     if results_dir is not None and not quick:  # a quick run checks the suite; it does not replace the figures
         recorder.write(
             Path(results_dir) / "onnx.json",
@@ -286,6 +310,7 @@ def onnx_suite(*, repeats: int, warmup: int, quick: bool, results_dir: str | Pat
                 ("file_bytes", "file bytes", "{:,}"),
             ],
             figures=figures,
+            rounds=rounds,
         )
     notes = [
         f"onnxruntime: CPU execution provider, intra_op_num_threads={THREADS}, one inter-op thread, sequential, "
@@ -295,7 +320,14 @@ def onnx_suite(*, repeats: int, warmup: int, quick: bool, results_dir: str | Pat
         "int8 for the w8a8 preset and int4 for w4a4; its onnxruntime int8 and int4 rows are conv='integer' "
         "(ConvInteger, bit for bit stejax's integer forward).",
         "rules-mlp's stejax runtime is the jitted fake-quantised NNX model (stejax has no integer forward for it).",
-        f"Throughput ratios at batch 256 on {mlp_name} (median of per-round ratios): ORT float / ORT int8 "
-        f"{a:.2f}, stejax int8 / ORT int8 {b:.2f}.",
+        f"Throughput ratios at batch 256 on {mlp_name} (median and spread of {rounds} per-round ratios): "
+        f"ORT int8 over ORT float {figures['ort_int8_vs_float_mlp_b256'].text}, ORT int8 over stejax int8 "
+        f"{figures['ort_int8_vs_stejax_mlp_b256'].text}.",
     ]
-    return {"config": {"width": width, "threads": THREADS}, "groups": bench_groups, "rows": rows, "notes": notes}
+    return {
+        "config": {"width": width, "threads": THREADS, "rounds": rounds},
+        "groups": bench_groups,
+        "rows": rows,
+        "figures": {key: figure.to_dict() for key, figure in figures.items()},
+        "notes": notes,
+    }

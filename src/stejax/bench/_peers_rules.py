@@ -6,7 +6,7 @@ One int8 scheme for both libraries: absmax per-channel weights recomputed each
 step, dynamic int8 activations, straight-through backward. Each group times one
 jitted training step (the functional form of :func:`stejax.bench._nnx.nnx_steps`,
 the same optax optimiser object) for ``flax float``, ``qwix int8`` and ``stejax
-int8``, interleaved, and reports ``stejax int8 / qwix int8`` per round.
+int8``, interleaved, and reports ``stejax int8 / qwix int8`` per sample and per round.
 """
 
 from __future__ import annotations
@@ -17,16 +17,34 @@ from typing import TYPE_CHECKING, Any
 import jax
 import jax.numpy as jnp
 
-from stejax.bench._measure import compare, standard_promotion
+from stejax.bench._measure import group_record, measure_rounds, standard_promotion
 
 if TYPE_CHECKING:
     from flax import nnx
 
-__all__ = ["rules_peer_groups"]
+__all__ = ["rules_peer_calls", "rules_peer_groups"]
 
 
-def rules_peer_groups(*, repeats: int, warmup: int, quick: bool) -> tuple[list[dict[str, Any]], list[str]]:
-    """Groups (digits CNN, transformer block) timing Qwix's and stejax's int8 QAT steps; and notes."""
+def rules_peer_groups(
+    *, repeats: int, warmup: int, quick: bool, rounds: int = 1
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """Groups (digits CNN, transformer block) timing Qwix's and stejax's int8 QAT steps; and notes.
+
+    Both models are built first (:func:`rules_peer_calls`), then timed together in ``rounds`` interleaved rounds
+    (:func:`stejax.bench.measure_rounds`): each round times the CNN's three steps ``repeats`` times each, back to
+    back, then the block's (the order alternating), so each round gives each ratio one sample (its ``rounds``).
+    """
+    built, notes = rules_peer_calls(quick=quick)
+    measured = measure_rounds(
+        {label: calls for label, calls, _ in built}, rounds=rounds, repeats=repeats, warmup=warmup
+    )
+    ratios = [("stejax int8", "qwix int8"), ("qwix int8", "flax float"), ("stejax int8", "flax float")]
+    groups = [group_record(label, measured[label], ratios=ratios, info=info) for label, _, info in built]
+    return groups, notes
+
+
+def rules_peer_calls(*, quick: bool) -> tuple[list[tuple[str, dict[str, Any], dict[str, Any]]], list[str]]:
+    """The untimed steps of :func:`rules_peer_groups`: ``([(group name, calls, info), ...], notes)``."""
     import optax
     import qwix
     from flax import nnx
@@ -53,7 +71,7 @@ def rules_peer_groups(*, repeats: int, warmup: int, quick: bool) -> tuple[list[d
     stejax_rules = [
         Rule(weights=Quant("fake_quant", bits=8, axis=-1), inputs=Quant("fake_quant", bits=8, scale="dynamic"))
     ]
-    groups, notes = [], []
+    built, notes = [], []
     for name, (make, x, y) in cases.items():
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -85,17 +103,8 @@ def rules_peer_groups(*, repeats: int, warmup: int, quick: bool) -> tuple[list[d
             "differentiates through the estimators' declared surrogates (custom_jvp)",
             "compiled_hlo_ops": {label: hlo_op_counts(text) for label, text in compiled.items()},
         }
-        groups.append(
-            compare(
-                f"int8 QAT step by rules, {name}",
-                calls,
-                repeats=repeats,
-                warmup=warmup,
-                ratios=[("stejax int8", "qwix int8"), ("qwix int8", "flax float"), ("stejax int8", "flax float")],
-                info=info,
-            )
-        )
-    return groups, notes
+        built.append((f"int8 QAT step by rules, {name}", calls, info))
+    return built, notes
 
 
 HLO_OPS = ("convolution", "dot", "reduce", "divide", "convert", "round-nearest-even", "compare", "select", "copy")

@@ -15,16 +15,22 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from stejax.bench._measure import compare, standard_promotion
+from stejax.bench._measure import group_record, measure_rounds, standard_promotion
 
-__all__ = ["build_steps", "snn_peer_groups"]
+__all__ = ["build_steps", "snn_peer_calls", "snn_peer_groups"]
 
 _STEPS_FULL = (8, 25, 100)
 _STEPS_QUICK = (8,)
 
 
-def snn_peer_groups(*, repeats: int, warmup: int, quick: bool) -> tuple[list[dict[str, Any]], list[str]]:
+def snn_peer_groups(
+    *, repeats: int, warmup: int, quick: bool, rounds: int = 1
+) -> tuple[list[dict[str, Any]], list[str]]:
     """Time one training step of a two-layer LIF network in stejax and in Spyx, interleaved, for each T.
+
+    Every T's steps are built first, then timed together in ``rounds`` interleaved rounds
+    (:func:`stejax.bench.measure_rounds`): each round times every T in turn, ``repeats`` calls of each step
+    back to back, so each round gives each T's ratio one sample (its ``rounds``).
 
     The network: ``64 -> 128 LIF -> 128 LIF -> 10`` leaky-integrator readout
     (``quick``: hidden 32), batch 64 (``quick``: 32), T = 8, 25 and 100
@@ -59,22 +65,29 @@ def snn_peer_groups(*, repeats: int, warmup: int, quick: bool) -> tuple[list[dic
     """
     if importlib.util.find_spec("spyx") is None:
         return [], ["Spyx not installed: pip install 'stejax[peers]' to time the spiking peer."]
+    built, notes = snn_peer_calls(quick=quick, calls=warmup + rounds * repeats)
+    measured = measure_rounds(
+        {label: calls for label, calls, _ in built}, rounds=rounds, repeats=repeats, warmup=warmup
+    )
+    groups = [group_record(label, measured[label], ratios=[("stejax", "spyx")], info=info) for label, _, info in built]
+    return groups, notes
+
+
+def snn_peer_calls(*, quick: bool, calls: int) -> tuple[list[tuple[str, dict[str, Any], dict[str, Any]]], list[str]]:
+    """The untimed steps of :func:`snn_peer_groups`, ``calls`` keys each: ``([(name, calls, info), ...], notes)``."""
     width, batch = (32, 32) if quick else (128, 64)
-    groups, notes = [], []
+    built, notes = [], []
     for n_steps in _STEPS_QUICK if quick else _STEPS_FULL:
         # One fresh key per call, made before the timing; each variant draws the same sequence.
-        key_pool = list(jax.random.split(jax.random.key(n_steps), max(warmup, 1) + repeats))
+        key_pool = list(jax.random.split(jax.random.key(n_steps), calls))
         steps, args, caught = build_steps(n_steps=n_steps, width=width, batch=batch)
         notes += caught
-        calls = {name: _threaded(steps[name], args[name], iter(key_pool)) for name in ("stejax", "spyx")}
-        groups.append(
-            compare(
+        threaded = {name: _threaded(steps[name], args[name], iter(key_pool)) for name in ("stejax", "spyx")}
+        built.append(
+            (
                 f"SNN training step, 2 x {width} LIF, batch {batch}, T = {n_steps}",
-                calls,
-                repeats=repeats,
-                warmup=warmup,
-                ratios=[("stejax", "spyx")],
-                info={
+                threaded,
+                {
                     "network": f"64 -> {width} LIF -> {width} LIF -> 10 leaky integrator",
                     "T": n_steps,
                     "batch_size": batch,
@@ -90,7 +103,7 @@ def snn_peer_groups(*, repeats: int, warmup: int, quick: bool) -> tuple[list[dic
                 },
             )
         )
-    return groups, notes
+    return built, notes
 
 
 def _threaded(step: Any, args: tuple[Any, ...], keys: Any) -> Any:

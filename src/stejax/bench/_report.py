@@ -5,7 +5,8 @@
     {
       "format": "stejax-bench/1",
       "created": ISO 8601 time (UTC),
-      "settings": {"suites": [...], "repeats": int, "warmup": int, "quick": bool, "estimator_size": int},
+      "settings": {"suites": [...], "repeats": int, "warmup": int, "quick": bool, "estimator_size": int,
+                   "rounds": int},
       "protocol": a paragraph: warm-up, compile exclusion, synchronisation, interleaving, statistics,
       "machine": {"cpu", "cores", "cores_usable", "device", "device_count", "backend", "os", "python",
                   "memory_gib", "load_average_1m", "xla_flags"},
@@ -22,7 +23,7 @@
             {"name": str, "baseline": str or null,
              "variants": {variant: {"stats_ms": {"n", "min_ms", "p50_ms", "p90_ms", "p99_ms", "max_ms", "mean_ms"},
                                     "compiles_warmup": int, "compiles_timed": int, "compile_seconds": float}},
-             "ratios": {"a/b": {"n", "p10", "p50", "p90"}},
+             "ratios": {"a/b": {"n", "p10", "p50", "p90", "rounds": [one ratio per round, ...]}},
              "info": {...}},
             ...
           ],
@@ -122,8 +123,9 @@ def markdown(report: Mapping[str, Any]) -> str:
         "",
         f"Versions: {versions}" + (f"; not installed: {absent}." if absent else "."),
         "",
-        f"Settings: suites {', '.join(s['suites'])}; {s['repeats']} timed rounds, {s['warmup']} warm-up call(s) "
-        f"per variant{'; quick sizes' if s['quick'] else ''}. Wall time {report['wall_seconds']:.1f} s.",
+        f"Settings: suites {', '.join(s['suites'])}; {s.get('rounds', 1)} round(s) of {s['repeats']} timed "
+        f"passes, {s['warmup']} warm-up call(s) per variant{'; quick sizes' if s['quick'] else ''}. "
+        f"Wall time {report['wall_seconds']:.1f} s.",
         "",
         f"Protocol: {report['protocol']}",
         "",
@@ -165,7 +167,7 @@ def _group_lines(group: Mapping[str, Any]) -> list[str]:
             f"{_ms(st['p99_ms'])} | {_ms(st['max_ms'])} | {m['compiles_warmup']} / {m['compiles_timed']} |"
         )
     if group["ratios"]:
-        lines += ["", "| ratio (per round) | p50 | p10 | p90 |", "|---|---|---|---|"]
+        lines += ["", "| ratio (per pass) | p50 | p10 | p90 |", "|---|---|---|---|"]
         for ratio, r in group["ratios"].items():
             lines.append(f"| {ratio} | **{r['p50']:.3f}** | {r['p10']:.3f} | {r['p90']:.3f} |")
     lines.append("")
@@ -175,8 +177,10 @@ def _group_lines(group: Mapping[str, Any]) -> list[str]:
 def _estimator_lines(suite: Mapping[str, Any]) -> list[str]:
     cfg, targets = suite["config"], suite["targets"]
     lines = [
-        f"Forward + gradient, float32, {cfg['size']:,} values per call, {cfg['repeats']} interleaved rounds. "
-        "ms as p50 [min, p99]; ratios are medians of per-round ratios. Targets: ours/stop_gradient <= "
+        f"Forward + gradient, float32, {cfg['size']:,} values per call, {cfg.get('rounds', 1)} interleaved "
+        f"round(s) of {cfg['repeats']} calls per variant. "
+        "ms as p50 [min, p99]; ratios are medians of the ratios of calls timed in the same pass. "
+        "Targets: ours/stop_gradient <= "
         f"{targets['ours/stop_gradient']}, ours/fused <= {targets['ours/fused']}.",
         "",
         "| estimator | stop_gradient form | ours | stop_gradient | fused | ours/sg | ours/fused | targets met "

@@ -24,11 +24,14 @@ SUITES: tuple[str, ...] = ("estimators", "train", "inference", "peers", "onnx", 
 PROTOCOL = (
     "every variant is called `warmup` times first, untimed (the first call compiles; compilations are "
     "counted per variant from jax.monitoring's backend-compile events, and their time is reported apart); "
-    "then `repeats` rounds, each calling every variant of a group once, in an order rotated by one per "
-    "round, each call timed with time.perf_counter around the call and jax.block_until_ready on its "
-    "result; compilations during the timed rounds are counted too (0 expected). Statistics per variant: "
-    "min, p50, p90, p99, max (NumPy linear percentiles) and mean, in milliseconds. Comparisons are the "
-    "per-round ratios of two variants timed in the same round, in one process: p50 with p10 and p90."
+    "then `rounds` rounds of `repeats` passes, each pass calling every variant of a group once, in an order "
+    "rotated by one per pass, each call timed with time.perf_counter around the call and "
+    "jax.block_until_ready on its result; compilations during the timed rounds are counted too (0 expected). "
+    "The estimators and onnx suites time all their groups in each round, one group after another; the other "
+    "suites take their `rounds` x `repeats` passes one group at a time. Statistics per variant: min, p50, p90, "
+    "p99, max (NumPy linear percentiles) and mean, in milliseconds. Comparisons are the ratios of two variants "
+    "timed in the same pass, in one process: p50 with p10 and p90; beside them, one ratio per round (the "
+    "round's median times), whose median and spread a results file's figure gives."
 )
 
 
@@ -37,29 +40,34 @@ class BenchSettings:
     """How much to measure.
 
     Attributes:
-      repeats: timed rounds per group (default 30; quick 5).
+      repeats: timed passes per group in each round (default 6; quick 5).
       warmup: untimed calls per variant first, >= 1 (default 3; quick 1).
       quick: small models and inputs, for a check that everything runs.
       estimator_size: input values per estimator call (default 2**18; quick 2**12).
+      rounds: interleaved rounds, each giving every ratio one sample (default 5; quick 1).
     """
 
-    repeats: int = 30
+    repeats: int = 6
     warmup: int = 3
     quick: bool = False
     estimator_size: int = 2**18
+    rounds: int = 5
 
     @classmethod
-    def make(cls, *, quick: bool = False, repeats: int | None = None, warmup: int | None = None) -> BenchSettings:
-        """The defaults for ``quick`` or full runs, with ``repeats`` and ``warmup`` overriding them."""
-        base = cls(repeats=5, warmup=1, quick=True, estimator_size=2**12) if quick else cls()
+    def make(
+        cls, *, quick: bool = False, repeats: int | None = None, warmup: int | None = None, rounds: int | None = None
+    ) -> BenchSettings:
+        """The defaults for ``quick`` or full runs, with ``repeats``, ``warmup`` and ``rounds`` overriding them."""
+        base = cls(repeats=5, warmup=1, quick=True, estimator_size=2**12, rounds=1) if quick else cls()
         return dataclasses.replace(
             base,
             repeats=base.repeats if repeats is None else repeats,
             warmup=base.warmup if warmup is None else warmup,
+            rounds=base.rounds if rounds is None else rounds,
         )
 
     def __post_init__(self):
-        for name in ("repeats", "warmup", "estimator_size"):
+        for name in ("repeats", "warmup", "estimator_size", "rounds"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"BenchSettings: {name} must be an int >= 1; got {value!r}.")
@@ -121,13 +129,17 @@ def run_bench(
         "wall_seconds": 0.0,
         "suites": {},
     }
-    r, w, quick = settings.repeats, settings.warmup, settings.quick
+    n, w, quick = settings.rounds, settings.warmup, settings.quick
+    # The suites that give their figures one ratio per round take the rounds; the others, every pass in one.
+    per_round, r = settings.repeats, settings.rounds * settings.repeats
     runners: dict[str, Callable[[], dict[str, Any]]] = {
-        "estimators": lambda: estimators_suite(repeats=r, warmup=w, size=settings.estimator_size, names=estimators),
+        "estimators": lambda: estimators_suite(
+            repeats=per_round, warmup=w, size=settings.estimator_size, names=estimators, rounds=n
+        ),
         "train": lambda: train_suite(repeats=r, warmup=w, quick=quick),
         "inference": lambda: inference_suite(repeats=r, warmup=w, quick=quick),
         "peers": lambda: peers_suite(repeats=r, warmup=w, quick=quick),
-        "onnx": lambda: _onnx_suite(repeats=r, warmup=w, quick=quick, results_dir=results_dir),
+        "onnx": lambda: _onnx_suite(repeats=per_round, warmup=w, quick=quick, results_dir=results_dir, rounds=n),
         "lm-decode": lambda: _lm_decode_suite(
             repeats=r,
             warmup=w,

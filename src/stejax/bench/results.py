@@ -4,7 +4,8 @@ Every figure on a page of the documentation comes from one results file,
 ``docs/results/NAME.json``, written by a documented command through
 :class:`Recorder`. The file records the command, the commit, the date, the
 machine (CPU, cores, jax and jaxlib) and the load average at the start and the
-end of the measurement, beside the rows and the named figures. A value the
+end of the measurement, beside the rows and the named figures; a file whose ratios
+were measured in rounds records how many (``rounds``; see :meth:`Figure.ratio`). A value the
 machine does not report is recorded as "not available" (a load as null), never
 guessed. The commit is git's HEAD where the checkout around the results file
 tracks the measured code; in a tree exported with ``git archive`` it is the
@@ -365,6 +366,7 @@ class Recorder:
         date: str | None = None,
         machine: Mapping[str, Any] | None = None,
         load: Mapping[str, Any] | None = None,
+        rounds: int | None = None,
     ) -> dict[str, Any]:
         """Write the results file (atomically) and return its content.
 
@@ -377,6 +379,8 @@ class Recorder:
           notes: one paragraph on how to read the rows, if needed.
           commit, date, machine, load: the conditions, when the measurement was taken earlier than the
             file is written (a transcription): otherwise they are read now.
+          rounds: the number of interleaved rounds the ratios were measured in, each giving one sample per
+            ratio (recorded as ``rounds``; none for a file measured otherwise).
         """
         figures = dict(figures or {})
         for key, value in figures.items():
@@ -397,6 +401,8 @@ class Recorder:
         }
         if notes:
             doc["notes"] = notes
+        if rounds is not None:
+            doc["rounds"] = rounds
         check_results(doc, where=str(target))
         target.parent.mkdir(parents=True, exist_ok=True)
         temporary = target.with_name(f".{target.name}.tmp")
@@ -439,6 +445,9 @@ def check_results(doc: Mapping[str, Any], *, where: str = "results") -> None:
         if not isinstance(figure, Mapping) or not isinstance(figure.get("text"), str) or not figure["text"]:
             raise ValueError(f"{where}: figure {figure_key!r} needs a non-empty `text`; got {figure!r}.")
         _check_spread(figure, f"{where}: figure {figure_key!r}")
+    rounds = doc.get("rounds")
+    if rounds is not None and (isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1):
+        raise ValueError(f"{where}: `rounds` must be an int >= 1 where recorded; got {rounds!r}.")
     keys = [c.get("key") for c in doc["columns"]]
     if len(set(keys)) != len(keys):
         raise ValueError(f"{where}: column keys must be unique; got {keys}.")
@@ -498,6 +507,8 @@ def _source_line(doc: Mapping[str, Any]) -> str:
         parts[-1] = f"{device.split(': ', 1)[-1]} ({machine['cores']} host cores, jax {machine['jax']})"
     if load_text:
         parts.append(f"load average {load_text}")
+    if doc.get("rounds"):
+        parts.append(f"{doc['rounds']} round{'' if doc['rounds'] == 1 else 's'}")
     # A file that is not current says so (see `is_current`): the reader weighs an older figure accordingly.
     lead = "Measured by " if is_current(doc) else "An older measurement, by "
     return "<small>" + lead + " · ".join(parts) + ".</small>"

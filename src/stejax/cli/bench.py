@@ -56,13 +56,21 @@ def _missing_extra(suite: str) -> str | None:
     "stejax[onnx]; lm-decode stejax[flax]); the others are named with what to install.",
 )
 @out_dir_option("Folder for bench.json, bench.md and bench.png.")
-@repeats_option("Timed rounds per group (default 30; 5 with --quick).", default=None)
+@click.option(
+    "--rounds",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Interleaved rounds (default 5; 1 with --quick). Each round times every variant --repeats times, "
+    "and gives every ratio one sample: the round's median time of one variant over the round's median of the "
+    "other. The results files' ratios are the median over rounds with its spread.",
+)
+@repeats_option("Timed calls of each variant per round (default 6; 5 with --quick).", default=None)
 @warmup_option("Untimed calls per variant before the timed rounds (default 3; 1 with --quick).", default=None)
 @click.option(
     "--quick",
     is_flag=True,
-    help="A check that every suite runs, in seconds: 5 timed rounds, 1 warm-up call, and small models and "
-    "inputs (2**12 values per estimator call, a 16-wide MLP instead of the CNN for training and inference).",
+    help="A check that every suite runs, in seconds: 1 round of 5 timed calls, 1 warm-up call, and small models "
+    "and inputs (2**12 values per estimator call, a 16-wide MLP instead of the CNN for training and inference).",
 )
 @click.option("--estimator", "estimators", multiple=True, metavar="NAME", help="Only this estimator (repeatable).")
 @click.option(
@@ -91,6 +99,7 @@ def _missing_extra(suite: str) -> str | None:
 def bench_command(
     suites: tuple[str, ...],
     out: Path,
+    rounds: int | None,
     repeats: int | None,
     warmup: int | None,
     quick: bool,
@@ -112,7 +121,7 @@ def bench_command(
 
     for name in estimators:
         lookup(name)
-    settings = BenchSettings.make(quick=quick, repeats=repeats, warmup=warmup)
+    settings = BenchSettings.make(quick=quick, repeats=repeats, warmup=warmup, rounds=rounds)
     console = Console()
     if not suites:
         from stejax.bench import SUITES
