@@ -463,17 +463,25 @@ def _plot(rows: list[dict[str, Any]], path: Path) -> None:
         high = np.array([np.nan if r is None else r["gap_max"] - r["gap_points"] for r in found])
         ax.bar(xs, mean, width, yerr=np.stack([low, high]), capsize=2, error_kw={"linewidth": 0.8}, label=method)
     ax.axhline(0, color="black", linewidth=0.8)
+    # Linear within a point of float, logarithmic beyond: a collapsed method does not flatten the rest.
+    ax.set_yscale("symlog", linthresh=1, linscale=2)
+    low = min(-1.0, *(r["gap_min"] for r in by_key.values()))
+    high = max(1.0, *(r["gap_max"] for r in by_key.values()))
+    ticks = [t for t in (-100, -30, -10, -3, -1, -0.5, 0, 0.5, 1, 3, 10) if 1.3 * low <= t <= 1.3 * high]
+    ax.set_yticks(ticks, [f"{t:+g}" if t else "0" for t in ticks])
+    ax.set_ylim(1.3 * low, 1.3 * high)
+    ax.grid(axis="y", linewidth=0.3)
     ax.set_xticks(np.arange(len(forms)), forms)
-    ax.set_ylabel("test accuracy - float (points)")
+    ax.set_ylabel("test accuracy - float (points)\nlinear within ±1, logarithmic beyond")
     ax.set_title(
         f"Digits CNN: mean gap to float over {seeds} seeds; error bars from the smallest to the largest gap\n"
         "(a missing bar: not applicable)",
         fontsize=10,
     )
-    ax.legend(ncols=3, fontsize=8)
+    ax.legend(ncols=6, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.08))
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
 
 
 if __name__ == "__main__":
