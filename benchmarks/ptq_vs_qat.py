@@ -1,7 +1,9 @@
 """PTQ or QAT on the digits CNN: each form by round-to-nearest, every PTQ method, QAT from float, QAT from PTQ.
 
-One float CNN is trained by the reference recipe (``stejax.train.train``, preset
-``float``, the default CNN of 32 and 64 channels, no dropout). Every form keeps
+Each seed (``--seeds``, five by default) trains its own float CNN by the
+reference recipe (``stejax.train.train``, preset ``float``, the default CNN of
+32 and 64 channels, no dropout), draws its own calibration rows and runs its
+own QAT; the data split is the same for every seed. Every form keeps
 the first and last layers at 8 bits (weights per output channel, inputs per
 tensor), as the QAT presets do, and quantises the middle convolution (18,432 of
 the model's 28,810 weights) as the form says:
@@ -23,12 +25,17 @@ Methods: ``rtn``, ``gptq``, ``awq``, ``smoothquant`` (forms with quantised
 inputs), all by :func:`stejax.ptq.quantize_params` (the per-channel forms) or by
 the per-layer functions of :mod:`stejax.ptq` (groups, rotation), 512
 calibration rows of the training split; ``qat`` (LSQ, from the float weights,
-steps initialised as LSQ initialises them) and ``qat from <best PTQ>`` (LSQ from
+steps initialised as LSQ initialises them) and ``qat from best PTQ`` (LSQ from
 the PTQ parameters with the best validation accuracy among the methods the LSQ
-model can express); both ``--qat-steps`` Adam steps at 1e-3, cosine, batch 64.
-The test split is only reported, never used for a choice. A form and method the
-reference model cannot train (group scales, an online rotation) is listed with
-the reason instead of a number.
+model can express, chosen per seed); both ``--qat-steps`` Adam steps at 1e-3,
+cosine, batch 64. A form and method the reference model cannot train (group
+scales, an online rotation) is listed with the reason instead of a number.
+
+A row is one form and method over the seeds: the mean validation and test
+accuracy, the mean gap to float (each seed's gap to its own float CNN), the
+smallest and largest gap, the mean seconds, and the per-seed values. The
+``<form>_best_ptq`` figures name the PTQ method with the best mean validation
+accuracy. The test split is only reported, never used for a choice.
 
     python benchmarks/ptq_vs_qat.py --results docs/results --plot docs/img/ptq_vs_qat.png
 """
@@ -174,22 +181,21 @@ def _rotated_accuracy(params: Any, rotation: jax.Array, data: tuple[np.ndarray, 
             z = _linear(layer, a, w) + jnp.reshape(p["b"], (1,) * (len(layer.in_shape) - 1) + (-1,))
         return z
 
-    predictions = jax.jit(jax.vmap(logits))(jnp.asarray(data[0])).argmax(-1)
-    return float(jnp.mean(predictions == jnp.asarray(data[1])))
+    predictions = np.asarray(jax.jit(jax.vmap(logits))(jnp.asarray(data[0])).argmax(-1))
+    return int(np.sum(predictions == data[1])) / len(data[1])  # a count, as evaluate() gives it
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--results", type=Path, default=Path("docs/results"))
-    parser.add_argument("--plot", type=Path, default=Path("docs/img/ptq_vs_qat.png"))
-    parser.add_argument("--epochs", type=int, default=30, help="epochs of the float CNN")
-    parser.add_argument("--qat-steps", type=int, default=300)
-    parser.add_argument("--calibration-rows", type=int, default=512)
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
-    recorder = Recorder("ptq_vs_qat", command="python benchmarks/ptq_vs_qat.py " + " ".join(argv or sys.argv[1:]))
+def run_seed(
+    seed: int, *, epochs: int, qat_steps: int, calibration_rows: int, forms: list[str] | None = None
+) -> dict[str, Any]:
+    """One seed: its own float CNN, calibration draw and QAT runs; the rows of every form and method.
 
-    config = TrainConfig(preset="float", model="cnn", dropout=0.0, epochs=args.epochs, seed=args.seed)
+    Returns ``{"seed", "float_accuracy" (%), "float_seconds", "channels", "test_digits", "rows"}``; a row holds
+    ``form``, ``method``, ``val_accuracy`` and ``test_accuracy`` (%), ``gap_points`` (test, against this seed's
+    float CNN), ``ptq_seconds``, ``qat_steps``, ``qat_seconds``, ``note``, and for ``qat from best PTQ``
+    ``started_from``: the PTQ method chosen on validation.
+    """
+    config = TrainConfig(preset="float", model="cnn", dropout=0.0, epochs=epochs, seed=seed)
     splits = load_splits(config)
     start = time.perf_counter()
     float_run = train(config, splits=splits)
@@ -201,12 +207,12 @@ def main(argv: list[str] | None = None) -> None:
         return np.asarray(norm.apply(split.x), np.float32), np.asarray(split.y)
 
     train_xy, val, test = xy(splits.train), xy(splits.val), xy(splits.test)
-    draw = np.sort(np.asarray(jax.random.permutation(jax.random.key(args.seed), len(train_xy[0]))))
-    calibration = train_xy[0][draw[: args.calibration_rows]]
+    draw = np.sort(np.asarray(jax.random.permutation(jax.random.key(seed), len(train_xy[0]))))
+    calibration = train_xy[0][draw[:calibration_rows]]
     float_acc = _accuracy(float_run.params, test, mc, preset("float"))
     rows: list[dict[str, Any]] = []
 
-    def row(form: str, method: str, *, val_acc=None, test_acc=None, ptq_s=None, steps=None, qat_s=None, note=None):
+    def row(form: str, method: str, *, val_acc=None, test_acc=None, ptq_s=None, steps=None, qat_s=None, **extra):
         gap = None if test_acc is None else 100 * (test_acc - float_acc)
         rows.append(
             {
@@ -218,12 +224,14 @@ def main(argv: list[str] | None = None) -> None:
                 "ptq_seconds": ptq_s,
                 "qat_steps": steps,
                 "qat_seconds": qat_s,
-                "note": note,
+                "note": None,
+                **extra,
             }
         )
-        print(rows[-1], flush=True)
+        print(f"seed {seed}:", rows[-1], flush=True)
 
-    for name, (form, group, rotation) in FORMS.items():
+    for name in forms or list(FORMS):
+        form, group, rotation = FORMS[name]
         qat = form_config(form)
         float_qat = preset("float")
         methods = ["rtn", "gptq", "awq"] + (["smoothquant"] if qat.hidden.activations is not None else [])
@@ -250,48 +258,155 @@ def main(argv: list[str] | None = None) -> None:
                     best = (v, method, params)
             row(name, method, val_acc=v, test_acc=t, ptq_s=seconds)
         if group is not None or rotation:
-            why = "group scales" if group is not None else "an online rotation"
+            why = "group scales" if group is not None else "online rotation"
             reason = f"not run: the reference model's LSQ quantisers have no {why} to train"
             row(name, "qat", note=reason)
-            row(name, "qat from best PTQ", note=reason)
+            row(name, BEST_START, note=reason)
             continue
         init = _lsq_init(float_run.params, calibration, mc, qat)
-        params, seconds = _qat(init, train_xy, mc, qat, args.qat_steps, args.seed)
-        row(
-            name,
-            "qat",
-            val_acc=_accuracy(params, val, mc, qat),
-            test_acc=_accuracy(params, test, mc, qat),
-            steps=args.qat_steps,
-            qat_s=seconds,
-        )
+        params, seconds = _qat(init, train_xy, mc, qat, qat_steps, seed)
+        v, t = _accuracy(params, val, mc, qat), _accuracy(params, test, mc, qat)
+        row(name, "qat", val_acc=v, test_acc=t, steps=qat_steps, qat_s=seconds)
         assert best is not None
-        params, seconds = _qat(best[2], train_xy, mc, qat, args.qat_steps, args.seed)
-        row(
-            name,
-            f"qat from {best[1]}",
-            val_acc=_accuracy(params, val, mc, qat),
-            test_acc=_accuracy(params, test, mc, qat),
-            steps=args.qat_steps,
-            qat_s=seconds,
-        )
-
-    figures = {
-        "float_accuracy": Figure(100 * float_acc, f"{100 * float_acc:.1f}%", note="the float CNN's test accuracy")
+        params, seconds = _qat(best[2], train_xy, mc, qat, qat_steps, seed)
+        v, t = _accuracy(params, val, mc, qat), _accuracy(params, test, mc, qat)
+        row(name, BEST_START, val_acc=v, test_acc=t, steps=qat_steps, qat_s=seconds, started_from=best[1])
+    return {
+        "seed": seed,
+        "float_accuracy": 100 * float_acc,
+        "float_seconds": float_seconds,
+        "channels": mc.channels,
+        "test_digits": len(test[1]),
+        "rows": rows,
     }
-    for name in FORMS:
-        measured = [r for r in rows if r["form"] == name and r["test_accuracy"] is not None]
-        ptq = [r for r in measured if not r["method"].startswith("qat")]
-        best_ptq = max(ptq, key=lambda r: r["val_accuracy"])
-        key = name.replace(" ", "_")
-        figures[f"{key}_best_ptq"] = Figure(
-            best_ptq["gap_points"], f"{best_ptq['gap_points']:+.1f} points ({best_ptq['method']})"
-        )
-        qat_rows = [r for r in measured if r["method"].startswith("qat from")]
-        if qat_rows:
-            figures[f"{key}_qat_from_ptq"] = Figure(
-                qat_rows[0]["gap_points"], f"{qat_rows[0]['gap_points']:+.1f} points"
+
+
+BEST_START = "qat from best PTQ"  # LSQ from the PTQ result with the best validation accuracy, chosen per seed
+
+
+def _mean(values: list[float]) -> float | None:
+    return float(np.mean(values)) if values else None
+
+
+def aggregate(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per form and method over the seeds of ``runs`` (as :func:`run_seed` returns them).
+
+    Means of validation and test accuracy, of the gap to float (each seed's gap to its own float CNN) and of the
+    seconds; the smallest and largest gap; the number of seeds; and ``per_seed``, the seeds with each one's
+    validation and test accuracy and gap (and, for ``qat from best PTQ``, the PTQ method it started from).
+    """
+    out = []
+    for first in runs[0]["rows"]:
+        form, method = first["form"], first["method"]
+        each = [next(r for r in run["rows"] if r["form"] == form and r["method"] == method) for run in runs]
+        measured = [(run["seed"], r) for run, r in zip(runs, each, strict=True) if r["gap_points"] is not None]
+        gaps = [r["gap_points"] for _, r in measured]
+        row: dict[str, Any] = {
+            "form": form,
+            "method": method,
+            "seeds": len(measured) or None,
+            "val_accuracy": _mean([r["val_accuracy"] for _, r in measured]),
+            "test_accuracy": _mean([r["test_accuracy"] for _, r in measured]),
+            "gap_points": _mean(gaps),
+            "gap_min": min(gaps) if gaps else None,
+            "gap_max": max(gaps) if gaps else None,
+            "ptq_seconds": _mean([r["ptq_seconds"] for _, r in measured if r["ptq_seconds"] is not None]),
+            "qat_steps": first["qat_steps"],
+            "qat_seconds": _mean([r["qat_seconds"] for _, r in measured if r["qat_seconds"] is not None]),
+            "note": first["note"],
+        }
+        if measured:
+            row["per_seed"] = {
+                "seed": [seed for seed, _ in measured],
+                "val_accuracy": [r["val_accuracy"] for _, r in measured],
+                "test_accuracy": [r["test_accuracy"] for _, r in measured],
+                "gap_points": gaps,
+            }
+        if method == BEST_START and measured:
+            started = [r["started_from"] for _, r in measured]
+            row["per_seed"]["started_from"] = started
+            counts = {m: started.count(m) for m in dict.fromkeys(started)}
+            row["note"] = "from " + ", ".join(f"{m} ({k} of {len(started)})" for m, k in counts.items())
+        out.append(row)
+    return out
+
+
+def best_ptq(rows: list[dict[str, Any]], form: str) -> dict[str, Any]:
+    """The PTQ row of ``form`` with the best mean validation accuracy (ties: the first in method order)."""
+    ptq = [r for r in rows if r["form"] == form and r["seeds"] and not r["method"].startswith("qat")]
+    return max(ptq, key=lambda r: r["val_accuracy"])
+
+
+def _signed(points: float) -> str:
+    text = f"{points:+.1f}"
+    return "0.0" if text in ("+0.0", "-0.0") else text.replace("-", "\N{MINUS SIGN}")
+
+
+def _gap_text(row: dict[str, Any], method: str | None = None) -> str:
+    spread = f"{_signed(row['gap_min'])} to {_signed(row['gap_max'])}, {row['seeds']} seeds"
+    return f"{_signed(row['gap_points'])} points ({spread}{'; ' + method if method else ''})"
+
+
+def figures(rows: list[dict[str, Any]], runs: list[dict[str, Any]]) -> dict[str, Figure]:
+    """The named figures: the float accuracy, and per form the best PTQ method's gap and every method's gap.
+
+    Keys: ``seeds``, ``float_accuracy``; ``<form>_best_ptq`` (the PTQ method with the best mean validation
+    accuracy, named in the text); ``<form>_qat_from_ptq``; and ``<form>_<method>`` for every measured method
+    (``w4a8_rtn``, ``ternary_qat``). Each value is the mean over seeds; the text gives the range over seeds.
+    """
+    accuracy = [run["float_accuracy"] for run in runs]
+    mean = float(np.mean(accuracy))
+    out = {
+        "seeds": Figure(len(runs), f"{len(runs)} seeds", note="seeds " + ", ".join(str(r["seed"]) for r in runs)),
+        "float_accuracy": Figure(
+            mean,
+            f"{mean:.1f}% ({min(accuracy):.1f}–{max(accuracy):.1f}%, {len(runs)} seeds)",
+            note="the float CNN's test accuracy, mean over seeds",
+        ),
+    }
+    forms = list(dict.fromkeys(r["form"] for r in rows))
+    for form in forms:
+        key = form.replace(" ", "_")
+        best = best_ptq(rows, form)
+        out[f"{key}_best_ptq"] = Figure(best["gap_points"], _gap_text(best, best["method"]))
+        for r in rows:
+            if r["form"] != form or not r["seeds"]:
+                continue
+            method = "qat_from_ptq" if r["method"] == BEST_START else r["method"]
+            out[f"{key}_{method}"] = Figure(r["gap_points"], _gap_text(r))
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--results", type=Path, default=Path("docs/results"))
+    parser.add_argument("--plot", type=Path, default=Path("docs/img/ptq_vs_qat.png"))
+    parser.add_argument("--epochs", type=int, default=30, help="epochs of the float CNN")
+    parser.add_argument("--qat-steps", type=int, default=300)
+    parser.add_argument("--calibration-rows", type=int, default=512)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
+    parser.add_argument("--forms", nargs="+", choices=list(FORMS), default=list(FORMS), help="default: every form")
+    args = parser.parse_args(argv)
+    if len(set(args.seeds)) != len(args.seeds):
+        parser.error(f"--seeds must be distinct; got {args.seeds}")
+    recorder = Recorder("ptq_vs_qat", command="python benchmarks/ptq_vs_qat.py " + " ".join(argv or sys.argv[1:]))
+
+    runs = []
+    for seed in args.seeds:
+        start = time.perf_counter()
+        runs.append(
+            run_seed(
+                seed,
+                epochs=args.epochs,
+                qat_steps=args.qat_steps,
+                calibration_rows=args.calibration_rows,
+                forms=args.forms,
             )
+        )
+        print(f"seed {seed} done in {time.perf_counter() - start:.0f} s", flush=True)
+    rows = aggregate(runs)
+    digits = runs[0]["test_digits"]
+    float_seconds = np.mean([run["float_seconds"] for run in runs])
     args.results.mkdir(parents=True, exist_ok=True)
     recorder.write(
         args.results / "ptq_vs_qat.json",
@@ -302,18 +417,26 @@ def main(argv: list[str] | None = None) -> None:
             ("val_accuracy", "validation %", "{:.1f}"),
             ("test_accuracy", "test %", "{:.1f}"),
             ("gap_points", "gap to float (points)", "{:+.1f}"),
+            ("gap_min", "smallest gap", "{:+.1f}"),
+            ("gap_max", "largest gap", "{:+.1f}"),
+            ("seeds", "seeds"),
             ("ptq_seconds", "PTQ s", "{:.2f}"),
             ("qat_steps", "QAT steps"),
             ("qat_seconds", "QAT s", "{:.1f}"),
             ("note", "note"),
         ],
-        figures=figures,
+        figures=figures(rows, runs),
         notes=(
-            f"The float CNN ({mc.channels} channels) trained {args.epochs} epochs in {float_seconds:.0f} s and scores "
-            f"{100 * float_acc:.1f}% on the test split ({len(test[1])} digits; one digit is "
-            f"{100 / len(test[1]):.2f} points). One seed: differences below a point or two are within the noise of "
-            "one split. QAT rows start from the float weights (qat) or from the PTQ result with the best validation "
-            "accuracy (qat from ...)."
+            f"{len(runs)} seeds ({', '.join(str(s) for s in args.seeds)}). Each seed trains its own float CNN "
+            f"({runs[0]['channels']} channels, {args.epochs} epochs, {float_seconds:.0f} s on average), draws its "
+            f"own {args.calibration_rows} calibration rows and runs its own QAT. The data split is the same for "
+            f"every seed, so the test split is the same {digits} digits throughout (one digit is "
+            f"{100 / digits:.2f} points) and the spread over seeds comes from training, calibration and QAT, not "
+            "from the split. Accuracies, gaps and seconds are means over seeds; each seed's gap is taken against "
+            "its own float CNN, and the smallest and largest gap over seeds stand beside the mean. qat from best "
+            "PTQ starts each seed's QAT from that seed's PTQ result with the best validation accuracy (the note "
+            "counts which); the best PTQ figures name the method with the best mean validation accuracy. "
+            "Validation made every choice; the test split chose nothing."
         ),
     )
     _plot(rows, args.plot)
@@ -325,29 +448,40 @@ def _plot(rows: list[dict[str, Any]], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    forms = list(FORMS)
-    methods = ["rtn", "gptq", "awq", "smoothquant", "qat", "qat from PTQ"]
+    forms = list(dict.fromkeys(r["form"] for r in rows))
+    methods = ["rtn", "gptq", "awq", "smoothquant", "qat", BEST_START]
+    by_key = {(r["form"], r["method"]): r for r in rows if r["seeds"]}
+    seeds = max(r["seeds"] for r in by_key.values())
 
-    def gap(form: str, method: str) -> float:
-        for r in rows:
-            label = "qat from PTQ" if r["method"].startswith("qat from") else r["method"]
-            if r["form"] == form and label == method and r["gap_points"] is not None:
-                return r["gap_points"]
-        return np.nan
-
-    fig, ax = plt.subplots(figsize=(9, 4))
+    fig, ax = plt.subplots(figsize=(10, 4.5))
     width = 0.8 / len(methods)
     for k, method in enumerate(methods):
         xs = np.arange(len(forms)) + (k - (len(methods) - 1) / 2) * width
-        ax.bar(xs, [gap(f, method) for f in forms], width, label=method)
+        found = [by_key.get((f, method)) for f in forms]
+        mean = np.array([np.nan if r is None else r["gap_points"] for r in found])
+        low = np.array([np.nan if r is None else r["gap_points"] - r["gap_min"] for r in found])
+        high = np.array([np.nan if r is None else r["gap_max"] - r["gap_points"] for r in found])
+        ax.bar(xs, mean, width, yerr=np.stack([low, high]), capsize=2, error_kw={"linewidth": 0.8}, label=method)
     ax.axhline(0, color="black", linewidth=0.8)
+    # Linear within a point of float, logarithmic beyond: a collapsed method does not flatten the rest.
+    ax.set_yscale("symlog", linthresh=1, linscale=2)
+    low = min(-1.0, *(r["gap_min"] for r in by_key.values()))
+    high = max(1.0, *(r["gap_max"] for r in by_key.values()))
+    ticks = [t for t in (-100, -30, -10, -3, -1, -0.5, 0, 0.5, 1, 3, 10) if 1.3 * low <= t <= 1.3 * high]
+    ax.set_yticks(ticks, [f"{t:+g}" if t else "0" for t in ticks])
+    ax.set_ylim(1.3 * low, 1.3 * high)
+    ax.grid(axis="y", linewidth=0.3)
     ax.set_xticks(np.arange(len(forms)), forms)
-    ax.set_ylabel("test accuracy - float (points)")
-    ax.set_title("Digits CNN: gap to float per form and method (a missing bar: not applicable)")
-    ax.legend(ncols=3, fontsize=8)
+    ax.set_ylabel("test accuracy - float (points)\nlinear within ±1, logarithmic beyond")
+    ax.set_title(
+        f"Digits CNN: mean gap to float over {seeds} seeds; error bars from the smallest to the largest gap\n"
+        "(a missing bar: not applicable)",
+        fontsize=10,
+    )
+    ax.legend(ncols=6, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.08))
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
 
 
 if __name__ == "__main__":
