@@ -616,8 +616,8 @@ def merge(args: argparse.Namespace) -> None:
         if "conditions" in r:
             r["conditions"] = {**r["conditions"], "commit": resolve_commit(r["conditions"]["commit"], here)}
     conditions = sorted((r["conditions"] for r in runs if "conditions" in r), key=lambda c: c["date"])
-    # The file names the newest run's commit; a grid measured over several commits names each row's, and says
-    # with --older what changed between them.
+    # The file names the newest run's commit; a grid measured over several commits keeps each row's in the file
+    # (not in the page's table) and says with --older what changed between them.
     first = conditions[-1] if conditions else None
     if args.conditions:
         first = json.loads(Path(args.conditions).read_text("utf-8"))
@@ -648,7 +648,6 @@ def merge(args: argparse.Namespace) -> None:
             ("minutes", "minutes", "{:.1f}"),
             ("step_ms", "step ms", "{:.1f}"),
             ("deployed_mb", "weights MB", "{:.1f}"),
-            *([("commit", "commit")] if len(commits) > 1 else []),
         ],
         figures=figures,
         notes=(
