@@ -5,6 +5,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import importlib.util
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import jax
@@ -207,3 +210,13 @@ def digits_400() -> Any:
     rows = np.sort(np.random.default_rng(0).choice(len(digits), 400, replace=False))
     small = dataclasses.replace(digits, x=digits.x[rows], y=digits.y[rows], name="digits-400")
     return split(small, seed=0)
+
+
+def benchmark_script(name: str) -> ModuleType:
+    """``benchmarks/NAME.py`` imported as a module (the scripts are not a package), for testing its functions."""
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None, path
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -2,21 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.util
 import re
 from pathlib import Path
 
 import pytest
 
+from helpers import benchmark_script
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("llamacpp_build", ROOT / "benchmarks" / "llamacpp_build.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return benchmark_script("llamacpp_build")
 
 
 def test_it_builds_the_pinned_version_with_the_makefiles_flags(tmp_path):

@@ -2,17 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
+from helpers import benchmark_script
 
 
 def _script():
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "make_times.py"
-    spec = importlib.util.spec_from_file_location("make_times", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return benchmark_script("make_times")
 
 
 def test_the_suite_is_judged_against_twelve_minutes_and_the_demo_against_nothing():

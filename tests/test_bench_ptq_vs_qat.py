@@ -2,22 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import jax
 import numpy as np
 import pytest
 
+from helpers import benchmark_script
+
 
 def _bench():
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "ptq_vs_qat.py"
-    spec = importlib.util.spec_from_file_location("ptq_vs_qat", path)
-    assert spec is not None and spec.loader is not None
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    return bench
+    return benchmark_script("ptq_vs_qat")
 
 
 def _row(method, val, test, float_accuracy, **extra):

@@ -10,7 +10,6 @@ one that is wholly on its target's side. One run of estimators.py times real est
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import statistics
 from pathlib import Path
@@ -20,6 +19,8 @@ import pytest
 import stejax.bench._measure as measure_module
 from stejax.bench import measure_rounds, round_ratios
 from stejax.bench.results import Figure, check_markers, check_results, load_results, render_markdown
+
+from helpers import benchmark_script
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -77,11 +78,7 @@ def interleaved(groups: dict[str, list[str]], *, rounds: int, repeats: int, warm
 
 
 def script(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return benchmark_script(name)
 
 
 def check_figure(figure: dict, samples: list[float], *, bound: float, lower_is_better: bool = True) -> None:
