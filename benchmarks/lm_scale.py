@@ -13,6 +13,14 @@ windows for every configuration of a seed), chooses nothing on the test split, a
 first ``--test-bytes`` (2 MiB) of the test split; the references (byte n-grams, zlib, xz) are computed on the
 same scored bytes. Learning rates come from the ``sweep-*`` parts, scored on the validation split only. A run
 records its bytes trained, wall time on the device, the median step, and the weight bytes of its deployed form.
+
+A ``ptq-SIZE-sSEED`` part quantises the float run ``SIZE-float-sSEED`` after training (it loads that part's final
+parameters from ``--checkpoints``, or trains and logs that part first): every form of :data:`stejax.lm.PTQ_FORMS`
+(int4 weights per group of 32 and per channel, w4a8, w8a8, ternary) by round-to-nearest and GPTQ
+(:func:`stejax.ptq.quantize_ptq`), calibrated on 128 windows of the training split drawn by the seed, the method
+of each form chosen on the first MiB of the validation split, every result scored on the test bytes; then QAT
+continues the chosen w4a8 and ternary results as the w4a8 and w1.58a8 configurations for a quarter of the bytes
+at their chosen rates. The merge gives GPTQ int4's gap to float and the share of the PTQ gap QAT closes.
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ import json
 import math
 import re
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -52,8 +61,21 @@ _CODE_BITS = {"w8a8": 8, "w4a8": 4, "w1.58a8": 2}
 
 
 def _part(name: str) -> dict[str, Any]:
-    """A part's settings from its name: ``SIZE-CONFIG[-warm]-sSEED`` or ``sweep-SIZE-CONFIG-lrRATE``."""
+    """A part's settings from its name: ``SIZE-CONFIG[-warm]-sSEED``, ``sweep-SIZE-CONFIG-lrRATE``, ``ptq-SIZE-sN``."""
     fields = name.split("-")
+    if fields[0] == "ptq":
+        _, size, seed = fields
+        return {
+            "part": name,
+            "size": size,
+            "config": "ptq",
+            "seed": int(seed.removeprefix("s")),
+            "float_part": f"{size}-float-{seed}",
+            "bytes": BYTES // 4,  # of QAT from the best PTQ result, per configuration
+            "warm": False,
+            "sweep": False,
+            "ptq": True,
+        }
     if fields[0] == "sweep":
         _, size, config, rate = name.split("-", 3)  # the rate may hold a "-" (lr1e-3)
         return {
@@ -110,6 +132,31 @@ def deployed_bytes(model_config: Any, config: str, dtype_bytes: int = 2) -> int:
     return codes + scales + rest * dtype_bytes
 
 
+def _settings(config: str, n: int, rate: float, precision: str, checkpoint: bool = False) -> Any:
+    from stejax.lm import TrainSettings
+
+    return TrainSettings(
+        steps=n,
+        batch_size=BATCH,
+        learning_rate=rate,
+        warmup=max(1, n // 20),
+        eval_every=max(1, n // 10),
+        eval_windows=256,
+        compute_dtype=precision,
+        checkpoint_every=max(1, n // 10) if checkpoint else None,
+        **_recipe(config),
+    )
+
+
+def _quantised(model: Any, config: str, product: str) -> Any:
+    from stejax.lm import lm_quant, quantize_lm
+
+    cfg = lm_quant(config)
+    if product != "fake-quant" and config in ("w8a8", "w1.58a8"):
+        cfg = cfg.with_product(product)
+    return quantize_lm(model, cfg)
+
+
 def _train_one(
     part: dict[str, Any],
     corpus: Any,
@@ -123,16 +170,7 @@ def _train_one(
     from flax import nnx
 
     from stejax import keys
-    from stejax.lm import (
-        TrainSettings,
-        Transformer,
-        bits_per_byte,
-        lm_quant,
-        lm_size,
-        parameter_count,
-        quantize_lm,
-        train_lm,
-    )
+    from stejax.lm import Transformer, bits_per_byte, lm_quant, lm_size, parameter_count, train_lm
 
     model_config = lm_size(part["size"])
     step_bytes = BATCH * model_config.context
@@ -142,23 +180,10 @@ def _train_one(
     model: nnx.Module = Transformer(model_config, rngs=nnx.Rngs(params=init_seed))
 
     def settings(config: str, n: int, rate: float, checkpoint: bool = False) -> Any:
-        return TrainSettings(
-            steps=n,
-            batch_size=BATCH,
-            learning_rate=rate,
-            warmup=max(1, n // 20),
-            eval_every=max(1, n // 10),
-            eval_windows=256,
-            compute_dtype=precision,
-            checkpoint_every=max(1, n // 10) if checkpoint else None,
-            **_recipe(config),
-        )
+        return _settings(config, n, rate, precision, checkpoint)
 
     def quantised(model: Any, config: str) -> Any:
-        cfg = lm_quant(config)
-        if product != "fake-quant" and config in ("w8a8", "w1.58a8"):
-            cfg = cfg.with_product(product)
-        return quantize_lm(model, cfg)
+        return _quantised(model, config, product)
 
     started = _Started()
     train, validation = corpus.data["train"], corpus.data["validation"]
@@ -241,6 +266,164 @@ def _train_one(
     }
 
 
+# PTQ of the float run: calibration windows drawn from the training split; each form's method chosen on the
+# first VAL_BYTES of the validation split; QAT continues the chosen result of these forms as their configurations.
+CALIBRATION_WINDOWS = 128
+VAL_BYTES = 1 << 20
+PTQ_METHODS = ("rtn", "gptq")
+QAT_FROM_PTQ = ("w4a8", "w1.58a8")
+
+
+def _float_model(
+    part: dict[str, Any], corpus: Any, product: str, precision: str, checkpoints: Path, log: str | None
+) -> Any:
+    """The float run of a PTQ part: its final parameters where a float part left them, else that part trained now.
+
+    A float part run with ``--checkpoints`` writes ``params.safetensors`` at its end; a PTQ part on the same
+    machine loads it and trains nothing. Without it the float part runs here (continuing from its checkpoints, if a
+    stopped command left some) and its line is logged as the float part's own, unless the log has it already.
+    """
+    from flax import nnx
+
+    from stejax.lm import Transformer, lm_size, load_checkpoint
+
+    final = checkpoints / part["float_part"] / "params.safetensors"
+    if not final.exists():
+        float_part = {
+            **_part(part["float_part"]),
+            "learning_rate": part["float_rate"],
+            "float_rate": part["float_rate"],
+        }
+        float_part["rate_from"] = part["float_rate_from"]
+        record = _train_one(float_part, corpus, product, precision, None, checkpoints)
+        if log is not None and not already_run(_logged(log), float_part):
+            with open(log, "a", encoding="utf-8") as f:
+                f.write(json.dumps(record) + "\n")
+    template = Transformer(lm_size(part["size"]), rngs=nnx.Rngs(params=0))
+    return load_checkpoint(template, final)
+
+
+def _ptq_one(
+    part: dict[str, Any],
+    corpus: Any,
+    product: str,
+    precision: str,
+    checkpoints: Path,
+    log: str | None = None,
+) -> dict[str, Any]:
+    """Every PTQ form by every method on the float run, the best of each on validation, and QAT from the best.
+
+    Calibration: ``CALIBRATION_WINDOWS`` windows of the training split at starts drawn by the part's seed (one
+    batch). Choice: the method of least bits per byte on the first ``VAL_BYTES`` of the validation split. Score:
+    the test bytes of every part. QAT: the chosen result of each of ``QAT_FROM_PTQ``, its kernels quantised as
+    that configuration (:func:`stejax.lm.quantize_lm`), trained ``part["bytes"]`` bytes at the configuration's
+    chosen rate.
+    """
+    import jax
+    import numpy as np
+    from flax import nnx
+
+    from stejax import keys
+    from stejax.lm import PTQ_FORMS, bits_per_byte, lm_size, ptq_rules, quantised_paths, train_lm
+    from stejax.ptq import quantize_ptq
+
+    started = _Started()
+    t0 = tic = time.perf_counter()
+    model = _float_model(part, corpus, product, precision, checkpoints, log)
+    load_seconds = time.perf_counter() - tic
+    model_config = lm_size(part["size"])
+    context = model_config.context
+    train, validation = corpus.data["train"], corpus.data["validation"]
+    k_calibration, k_qat = keys.split(jax.random.key(part["seed"]), where="lm_scale ptq")
+    starts = np.asarray(
+        jax.random.randint(
+            keys.consume(k_calibration, where="calibration windows"),
+            (CALIBRATION_WINDOWS,),
+            0,
+            np.asarray(train).size - context,
+        )
+    )
+    windows = np.stack([np.asarray(train[i : i + context]) for i in np.sort(starts)])
+    batches = [jax.numpy.asarray(windows, jax.numpy.uint8)]
+    val = np.asarray(validation[:VAL_BYTES])
+    scored = np.asarray(corpus.data["test"][:TEST_BYTES])
+    float_scores = {
+        "val_bpb": bits_per_byte(model, val, batch_size=64),
+        "bpb": bits_per_byte(model, scored, batch_size=64),
+    }
+    forms: dict[str, Any] = {}
+    chosen: dict[str, Any] = {}
+    for form in PTQ_FORMS:
+        results: dict[str, Any] = {}
+        best = None
+        for method in PTQ_METHODS:
+            tic = time.perf_counter()
+            qmodel = quantize_ptq(model, ptq_rules(form), batches, method=method)
+            jax.block_until_ready(jax.tree.leaves(qmodel))
+            seconds = time.perf_counter() - tic
+            results[method] = {
+                "seconds": seconds,
+                "val_bpb": bits_per_byte(qmodel, val, batch_size=64),
+                "bpb": bits_per_byte(qmodel, scored, batch_size=64),
+            }
+            if best is None or results[method]["val_bpb"] < results[best]["val_bpb"]:
+                best, chosen[form] = method, qmodel
+        forms[form] = {"methods": results, "best": best}
+    qat: dict[str, Any] = {}
+    step_bytes = BATCH * context
+    steps = math.ceil(part["bytes"] / step_bytes)
+    for config in QAT_FROM_PTQ:
+        k_qat, key = keys.split(k_qat, where=f"QAT from PTQ, {config}")
+        # The chosen PTQ kernels in the float model, quantised as the QAT configuration quantises it.
+        start = nnx.clone(model)
+        start_modules = dict(_modules(start))
+        ptq_modules = dict(_modules(chosen[config]))
+        for path in quantised_paths(start):
+            start_modules[path].kernel[...] = ptq_modules[path].kernel[...]
+        tic = time.perf_counter()
+        result = train_lm(
+            _quantised(start, config, product),
+            train,
+            validation,
+            _settings(config, steps, part["learning_rate"][config], precision),
+            key=key,
+        )
+        qat[config] = {
+            "from": forms[config]["best"],
+            "learning_rate": part["learning_rate"][config],
+            "steps": steps,
+            "train_bytes": steps * step_bytes,
+            "seconds": time.perf_counter() - tic,
+            "step_ms_median": float(np.median(result.step_ms)) if result.step_ms else float("nan"),
+            "val_bpb": bits_per_byte(result.model, val, batch_size=64),
+            "bpb": bits_per_byte(result.model, scored, batch_size=64),
+            "history": list(result.history),
+        }
+    return {
+        **part,
+        "model": model_config.to_dict(),
+        "product": product,
+        "precision": precision,
+        "calibration": {"split": "train", "windows": CALIBRATION_WINDOWS, "bytes": int(windows.size)},
+        "val_bytes": int(val.size),
+        "score_split": "test",
+        "scored_bytes": int(scored.size),
+        "float": {**float_scores, "load_seconds": load_seconds},
+        "forms": forms,
+        "qat": qat,
+        "seconds": time.perf_counter() - t0,
+        "device": str(jax.devices()[0].device_kind),
+        "corpus_sha256": dict(corpus.sha256),
+        "conditions": _conditions(started),
+    }
+
+
+def _modules(model: Any) -> Any:
+    from flax import nnx
+
+    return (("/".join(str(p) for p in path), module) for path, module in nnx.iter_modules(model))
+
+
 class _Started:
     """When and under what load a run starts."""
 
@@ -282,25 +465,47 @@ def run(args: argparse.Namespace) -> None:
     done = _logged(args.log)
     for name in args.part:
         part = _part(name)
-        if not part["sweep"]:
+        if part.get("ptq"):
+            logged = _logged(args.log)
+            part["learning_rate"] = {c: chosen_rate(logged, part["size"], c)[0] for c in QAT_FROM_PTQ}
+            part["rate_from"] = {c: chosen_rate(logged, part["size"], c)[1] for c in QAT_FROM_PTQ}
+            part["float_rate"], part["float_rate_from"] = chosen_rate(logged, part["size"], "float")
+        elif not part["sweep"]:
             part["learning_rate"], part["rate_from"] = chosen_rate(_logged(args.log), part["size"], part["config"])
             part["float_rate"] = chosen_rate(_logged(args.log), part["size"], "float")[0]
         if already_run(done, part):
             print(f"{name}: in {args.log} already", flush=True)
             continue
         try:
-            record = _train_one(part, corpus, args.product, args.precision, args.export, args.checkpoints)
+            if part.get("ptq"):
+                # The float run's parameters come from its part's folder: a temporary one without --checkpoints.
+                checkpoints = args.checkpoints or Path(tempfile.mkdtemp(prefix="lm_scale_"))
+                record = _ptq_one(part, corpus, args.product, args.precision, checkpoints, args.log)
+            else:
+                record = _train_one(part, corpus, args.product, args.precision, args.export, args.checkpoints)
         except KeyboardInterrupt:
             if args.checkpoints is not None:
                 _keep_seconds(args.checkpoints / name)
             raise
         with open(args.log, "a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")
+        if part.get("ptq"):
+            print(f"{name}: {_ptq_summary(record)}", flush=True)
+            continue
         print(
             f"{name}: {record['bpb']:.4f} bpb on {record['scored_bytes']} {record['score_split']} bytes, "
             f"{record['train_seconds']:.0f} s, step {record['step_ms_median']:.1f} ms",
             flush=True,
         )
+
+
+def _ptq_summary(record: dict[str, Any]) -> str:
+    """A PTQ line in words: float, each form's chosen method, QAT from it, and the part's seconds."""
+    parts = [f"float {record['float']['bpb']:.4f}"]
+    for form, r in record["forms"].items():
+        parts.append(f"{form} {r['best']} {r['methods'][r['best']]['bpb']:.4f}")
+    parts += [f"QAT {c} {r['bpb']:.4f}" for c, r in record["qat"].items()]
+    return ", ".join(parts) + f" bpb on {record['scored_bytes']} test bytes, {record['seconds']:.0f} s"
 
 
 def _keep_seconds(out: Path) -> None:
@@ -477,6 +682,7 @@ def merge(args: argparse.Namespace) -> None:
     refs = logged.pop("references", None)
     parity = {k: logged.pop(k) for k in [k for k in logged if k.startswith("llamacpp-")]}
     decoded = {k: logged.pop(k) for k in [k for k in logged if k.startswith("decode-")]}
+    ptq = {k: logged.pop(k) for k in [k for k in logged if logged[k].get("ptq")]}
     if not args.conditions:
         # Grid runs that carry no conditions of their own were measured at an older tree (their conditions file
         # describes them): without that file they stay in the log and out of the results. The rate sweep stays in.
@@ -484,7 +690,7 @@ def merge(args: argparse.Namespace) -> None:
             logged.pop(k)
     if refs is None:
         sys.exit("merge: the logs hold no references part; run `lm_scale.py references` first.")
-    shas = {json.dumps(r["corpus_sha256"], sort_keys=True) for r in [*logged.values(), refs]}
+    shas = {json.dumps(r["corpus_sha256"], sort_keys=True) for r in [*logged.values(), *ptq.values(), refs]}
     if len(shas) != 1:
         sys.exit(f"merge: the logged runs read {len(shas)} different corpora (split sha256s); expected one.")
     xz = refs["references"]["xz"]["bpb"]
@@ -589,6 +795,7 @@ def merge(args: argparse.Namespace) -> None:
                     met=ratio <= bound,
                     note="int8 products forward and backward, bfloat16 elsewhere, against the bfloat16 float step",
                 )
+    figures |= _ptq_figures(ptq)
     for name, r in decoded.items():
         figures[f"{_slug(name)}_rows"] = Figure(
             r["rows_identical"] / r["prompts"],
@@ -672,6 +879,51 @@ def merge(args: argparse.Namespace) -> None:
     print(f"wrote {Path(args.results) / 'lm_scale.json'} ({len(rows)} rows)")
     if args.plot:
         print(f"wrote {plot(runs, refs, Path(args.plot))}")
+
+
+def _ptq_figures(ptq: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """PTQ against float, and QAT from the best PTQ result, per size (means over the seeds' PTQ parts).
+
+    Gaps are against each part's own float run scored on the same test bytes. The closed fraction is
+    ``(gap of the best PTQ method - gap after QAT) / gap of the best PTQ method``, the best chosen on validation.
+    """
+    import statistics
+
+    from stejax.bench.results import Figure
+
+    figures: dict[str, Any] = {}
+    for size in sorted({r["size"] for r in ptq.values()}):
+        parts = [r for r in ptq.values() if r["size"] == size]
+        n = f"{len(parts)} seed(s)"
+
+        def gap(bpb: float, r: dict[str, Any]) -> float:
+            return bpb / r["float"]["bpb"] - 1
+
+        gptq = statistics.mean(gap(r["forms"]["w4-g32"]["methods"]["gptq"]["bpb"], r) for r in parts)
+        figures[f"ptq_gptq_w4_g32_{_slug(size)}_gap"] = Figure(
+            gptq, f"{100 * gptq:+.2f}%", target="≤ +1.5%", met=gptq <= 0.015, note=f"int4 weights per group of 32; {n}"
+        )
+        for form in parts[0]["forms"]:
+            best = statistics.mean(gap(r["forms"][form]["methods"][r["forms"][form]["best"]]["bpb"], r) for r in parts)
+            methods = "/".join(sorted({r["forms"][form]["best"] for r in parts}))
+            figures[f"ptq_{_slug(form)}_{_slug(size)}_gap"] = Figure(
+                best, f"{100 * best:+.2f}%", note=f"best PTQ method on validation ({methods}); {n}"
+            )
+        for config in parts[0]["qat"]:
+            ptq_gap = statistics.mean(
+                gap(r["forms"][config]["methods"][r["forms"][config]["best"]]["bpb"], r) for r in parts
+            )
+            qat_gap = statistics.mean(gap(r["qat"][config]["bpb"], r) for r in parts)
+            closed = (ptq_gap - qat_gap) / ptq_gap
+            mb = statistics.mean(r["qat"][config]["train_bytes"] for r in parts) / 1e6
+            figures[f"qat_from_ptq_{_slug(config)}_{_slug(size)}_closed"] = Figure(
+                closed,
+                f"{100 * closed:.0f}%",
+                target="≥ 50%",
+                met=closed >= 0.5,
+                note=f"best PTQ gap {100 * ptq_gap:+.2f}%, {100 * qat_gap:+.2f}% after {mb:.1f} MB of QAT; {n}",
+            )
+    return figures
 
 
 def plot(runs: list[dict[str, Any]], refs: dict[str, Any], out: Path) -> Path:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -176,3 +177,135 @@ def test_merge_of_runs_at_two_commits_names_each_rows_and_the_newest(tmp_path):
     doc = load_results(tmp_path / "r" / "lm_scale.json")
     assert doc["commit"]["id"] == "fedcba987654"
     assert {r["config"]: r["commit"] for r in doc["rows"]} == {"float": "abc1234", "w1.58a8": "fedcba9"}
+
+
+def test_a_ptq_part_names_its_float_run():
+    grid = _grid()
+    part = grid._part("ptq-25M-s1")
+    assert (part["size"], part["seed"], part["float_part"], part["ptq"]) == ("25M", 1, "25M-float-s1", True)
+    assert part["bytes"] == grid.BYTES // 4
+    assert grid._part("25M-float-s1").get("ptq") is None
+
+
+def _tiny_grid(monkeypatch):
+    import types
+
+    import numpy as np
+
+    from stejax.lm import LMConfig
+    from stejax.lm import _model as lm_model
+
+    grid = _grid()
+    monkeypatch.setitem(lm_model.SIZES, "tiny", LMConfig(context=16, width=32, depth=1, heads=2, hidden=64, tied=True))
+    for name, value in {
+        "BATCH": 4,
+        "BYTES": 640,
+        "TEST_BYTES": 700,
+        "VAL_BYTES": 500,
+        "CALIBRATION_WINDOWS": 8,
+    }.items():
+        monkeypatch.setattr(grid, name, value)
+    rng = np.random.default_rng(0)
+    # Bytes with structure to learn: a repeated phrase with a few random bytes.
+    text = np.frombuffer(b"the quick brown fox jumps over the lazy dog. " * 200, np.uint8).copy()
+    text[rng.integers(0, text.size, 300)] = rng.integers(0, 256, 300)
+    corpus = types.SimpleNamespace(
+        data={"train": text[:6000], "validation": text[6000:7500], "test": text[7500:]}, sha256={"train": "x"}
+    )
+    monkeypatch.setattr("stejax.lm.build_corpus", lambda _: corpus)
+    return grid
+
+
+def test_a_ptq_part_scores_every_form_and_method_and_chooses_on_validation(monkeypatch, tmp_path):
+    from stejax.lm import PTQ_FORMS
+
+    grid = _tiny_grid(monkeypatch)
+    log, checkpoints = tmp_path / "log.jsonl", tmp_path / "ckpt"
+    grid.main(["run", "--corpus", "c", "--log", str(log), "--part", "tiny-float-s0", "--checkpoints", str(checkpoints)])
+    (float_line,) = [json.loads(x) for x in log.read_text().splitlines()]
+    grid.main(["run", "--corpus", "c", "--log", str(log), "--part", "ptq-tiny-s0", "--checkpoints", str(checkpoints)])
+    lines = [json.loads(x) for x in log.read_text().splitlines()]
+    assert [x["part"] for x in lines] == ["tiny-float-s0", "ptq-tiny-s0"]  # the float run is not trained again
+    ptq = lines[1]
+    # The float model is the float part's final one: the same test score, bit for bit.
+    assert ptq["float"]["bpb"] == float_line["bpb"]
+    assert list(ptq["forms"]) == list(PTQ_FORMS)
+    for form, r in ptq["forms"].items():
+        assert set(r["methods"]) == {"rtn", "gptq"}, form
+        scores = {m: x["val_bpb"] for m, x in r["methods"].items()}
+        assert r["best"] == min(scores, key=scores.get), form
+        assert all(math.isfinite(x["bpb"]) and x["seconds"] > 0 for x in r["methods"].values())
+    assert set(ptq["qat"]) == {"w4a8", "w1.58a8"}
+    for config, r in ptq["qat"].items():
+        assert r["from"] == ptq["forms"][config]["best"] and r["steps"] == 3 and math.isfinite(r["bpb"])
+        assert r["learning_rate"] == grid.LEARNING_RATES[config]
+    # Run again: it is in the log at the rates it takes now.
+    grid.main(["run", "--corpus", "c", "--log", str(log), "--part", "ptq-tiny-s0", "--checkpoints", str(checkpoints)])
+    assert len(log.read_text().splitlines()) == 2
+
+
+def test_a_ptq_part_without_its_float_run_trains_and_logs_it(monkeypatch, tmp_path):
+    grid = _tiny_grid(monkeypatch)
+    monkeypatch.setattr(grid, "PTQ_METHODS", ("rtn",))
+    monkeypatch.setattr(grid, "QAT_FROM_PTQ", ())
+    log = tmp_path / "log.jsonl"
+    grid.main(["run", "--corpus", "c", "--log", str(log), "--part", "ptq-tiny-s0", "--checkpoints", str(tmp_path)])
+    lines = [json.loads(x) for x in log.read_text().splitlines()]
+    assert [x["part"] for x in lines] == ["tiny-float-s0", "ptq-tiny-s0"]
+    assert lines[1]["float"]["bpb"] == lines[0]["bpb"]
+
+
+def _ptq_line(seed: int, float_bpb: float, w4_gptq: float, w4a8: dict, ternary: dict, qat: dict) -> dict:
+    def form(methods: dict) -> dict:
+        return {
+            "methods": {m: {"bpb": b, "val_bpb": b} for m, b in methods.items()},
+            "best": min(methods, key=methods.get),
+        }
+
+    forms = {"w4-g32": form({"rtn": 1.10, "gptq": w4_gptq}), "w4a8": form(w4a8), "w1.58a8": form(ternary)}
+    return {
+        "part": f"ptq-25M-s{seed}",
+        "size": "25M",
+        "config": "ptq",
+        "seed": seed,
+        "ptq": True,
+        "sweep": False,
+        "warm": False,
+        "model": {"tied": True},
+        "float": {"bpb": float_bpb},
+        "forms": forms,
+        "qat": {c: {"bpb": b, "train_bytes": 12_500_000} for c, b in qat.items()},
+        "corpus_sha256": {"train": "x"},
+        "conditions": _CONDITIONS,
+    }
+
+
+def test_merge_gives_the_ptq_figures_against_each_parts_float(tmp_path):
+    grid = _grid()
+    log = tmp_path / "log.jsonl"
+    refs = {"part": "references", "references": {"xz": {"bpb": 1.4}}, "scored_bytes": 2 << 20}
+    plain = [_run("25M-float-s0", "float", 1.00), refs | {"corpus_sha256": {"train": "x"}}]
+    fields = {"log": [str(log)], "results": str(tmp_path / "r"), "plot": None, "conditions": None, "note": None}
+    log.write_text("".join(json.dumps(x) + "\n" for x in plain))
+    grid.merge(type("A", (), fields | {"older": None}))
+    without = load_results(tmp_path / "r" / "lm_scale.json")
+    assert not any(k.startswith(("ptq_", "qat_from_ptq")) for k in without["figures"])
+
+    # Seed 0: GPTQ w4 g32 +1.0%, w4a8's best (gptq) +4%, QAT to +1% (75% closed); ternary's best (rtn) +100%,
+    # QAT to +60% (40% closed). Seed 1 the same against a float of 2.0.
+    lines = [
+        _ptq_line(0, 1.0, 1.01, {"rtn": 1.08, "gptq": 1.04}, {"rtn": 2.0, "gptq": 2.2}, {"w4a8": 1.01, "w1.58a8": 1.6}),
+        _ptq_line(1, 2.0, 2.02, {"rtn": 2.16, "gptq": 2.08}, {"rtn": 4.0, "gptq": 4.4}, {"w4a8": 2.02, "w1.58a8": 3.2}),
+    ]
+    log.write_text("".join(json.dumps(x) + "\n" for x in [*plain, *lines]))
+    grid.merge(type("A", (), fields | {"older": None}))
+    doc = load_results(tmp_path / "r" / "lm_scale.json")
+    figures = doc["figures"]
+    assert doc["rows"] == without["rows"]  # PTQ parts are figures, not rows
+    w4 = figures["ptq_gptq_w4_g32_25M_gap"]
+    assert (w4["text"], w4["target"], w4["met"]) == ("+1.00%", "≤ +1.5%", True)
+    assert figures["ptq_w1_58a8_25M_gap"]["text"] == "+100.00%" and "(rtn)" in figures["ptq_w1_58a8_25M_gap"]["note"]
+    w4a8, ternary = figures["qat_from_ptq_w4a8_25M_closed"], figures["qat_from_ptq_w1_58a8_25M_closed"]
+    assert (w4a8["text"], w4a8["target"], w4a8["met"]) == ("75%", "≥ 50%", True)
+    assert (ternary["text"], ternary["met"]) == ("40%", False)
+    assert "2 seed(s)" in ternary["note"]

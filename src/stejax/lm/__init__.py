@@ -13,8 +13,10 @@ from stejax.lm._compare import compare_lm as compare_lm
 from stejax.lm._compare import train_from_scratch as train_from_scratch
 from stejax.lm._configs import CONFIGS as CONFIGS
 from stejax.lm._configs import INTEGER_CONFIGS as INTEGER_CONFIGS
+from stejax.lm._configs import PTQ_FORMS as PTQ_FORMS
 from stejax.lm._configs import LMQuant as LMQuant
 from stejax.lm._configs import lm_quant as lm_quant
+from stejax.lm._configs import ptq_rules as ptq_rules
 from stejax.lm._configs import quantised_paths as quantised_paths
 from stejax.lm._configs import quantize_lm as quantize_lm
 from stejax.lm._corpus import CORPUS_MANIFEST as CORPUS_MANIFEST

@@ -25,9 +25,11 @@ __all__ = [
     "CONFIGS",
     "INTEGER_CONFIGS",
     "PRODUCTS",
+    "PTQ_FORMS",
     "SITES",
     "LMQuant",
     "lm_quant",
+    "ptq_rules",
     "quantised_paths",
     "quantize_lm",
     "rules_for",
@@ -264,3 +266,40 @@ def quantize_lm(model: nnx.Module, config: LMQuant | str, *, weights: bool = Tru
         return model
     example = jax.numpy.zeros((1, 8), jax.numpy.uint8)
     return quantize_model(model, rules, example)
+
+
+# The forms post-training quantisation rounds the block linears to (stejax.ptq.quantize_ptq): form ->
+# (weight bits, group along the contraction axis or None for one scale per output channel, input bits or None).
+# Weight scales are static (the grid the rounding chose); 8-bit inputs are quantised per token, dynamically, as
+# the QAT configuration of the same name quantises them. 2 bits is the ternary grid {-1, 0, 1} x one absmax
+# scale per output channel (stejax.ptq.symmetric_grid), the form QAT continues as w1.58a8.
+PTQ_FORMS: dict[str, tuple[int, int | None, int | None]] = {
+    "w4-g32": (4, 32, None),
+    "w4-channel": (4, None, None),
+    "w4a8": (4, 32, 8),
+    "w8a8": (8, None, 8),
+    "w1.58a8": (2, None, 8),
+}
+
+
+def ptq_rules(form: str) -> list[Any]:
+    """The :func:`stejax.ptq.quantize_ptq` rules of a PTQ form of :data:`PTQ_FORMS`, over the sites of :data:`SITES`.
+
+    Raises:
+      KeyError: an unknown form (the message lists the forms).
+
+    Example:
+      >>> ptq_rules("w4a8")[0].weights.group_size, ptq_rules("w1.58a8")[0].weights.params["bits"]
+      (32, 2)
+    """
+    from stejax.flax import Quant, Rule
+
+    if form not in PTQ_FORMS:
+        raise KeyError(f"unknown PTQ form {form!r}; expected one of {', '.join(PTQ_FORMS)}.")
+    bits, group, input_bits = PTQ_FORMS[form]
+    if group is None:
+        weights = Quant("fake_quant", bits=bits, axis=-1, scale="static")
+    else:
+        weights = Quant("fake_quant", bits=bits, group_size=group, scale="static")
+    inputs = None if input_bits is None else activation_quantiser(input_bits, ste=True)
+    return [Rule(SITES, kinds=("linear",), weights=weights, inputs=inputs)]
