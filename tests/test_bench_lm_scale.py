@@ -138,6 +138,37 @@ def test_merge_writes_the_gaps_against_float_and_refuses_two_corpora(tmp_path):
         grid.merge(args)
 
 
+def test_ternary_100m_beats_float_25m_only_below_every_float_seed(tmp_path):
+    grid = _grid()
+    log = tmp_path / "log.jsonl"
+    refs = {
+        "part": "references",
+        "references": {"xz": {"bpb": 1.4}},
+        "scored_bytes": 2 << 20,
+        "corpus_sha256": {"train": "x"},
+    }
+    big = _run("100M-w1.58a8-s0", "w1.58a8", 1.015) | {"size": "100M", "deployed_bytes": 26_000_000}
+    lines = [
+        _run("25M-float-s0", "float", 1.010) | {"deployed_bytes": 48_000_000},
+        _run("25M-float-s1", "float", 1.030) | {"deployed_bytes": 48_000_000},
+        _run("100M-float-s0", "float", 0.98) | {"size": "100M"},
+        big,
+        refs,
+    ]
+    fields = {"log": [str(log)], "results": str(tmp_path / "r"), "plot": None, "conditions": None}
+    args = type("A", (), fields | {"note": None, "older": None})
+    log.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    grid.merge(args)
+    level = load_results(tmp_path / "r" / "lm_scale.json")["figures"]["w1_58a8_100M_vs_float_25M"]
+    # Below the mean (1.020) but above the better float seed: level, not a win.
+    assert (level["text"], level["met"]) == ("-0.49%", False)
+    assert "26.0 MB" in level["note"] and "48.0 MB" in level["note"]
+    big["bpb"] = 1.005
+    log.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    grid.merge(args)
+    assert load_results(tmp_path / "r" / "lm_scale.json")["figures"]["w1_58a8_100M_vs_float_25M"]["met"] is True
+
+
 def test_merge_leaves_out_runs_without_conditions_and_needs_older_for_a_changed_tree(tmp_path):
     grid = _grid()
     log = tmp_path / "log.jsonl"
