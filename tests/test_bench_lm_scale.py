@@ -131,6 +131,14 @@ def test_merge_writes_the_gaps_against_float_and_refuses_two_corpora(tmp_path):
     assert (top1["text"], top1["met"], bpb["text"], bpb["met"]) == ("98.5%", False, "+0.40%", True)
     rows = figures["decode_25M_w1_58a8_s0_rows"]
     assert (rows["text"], rows["met"]) == ("3 of 4", False)  # one row decoded another byte than the loop
+    assert "decode_25M_w1_58a8_s0_vs_bfloat16" not in figures  # a line without the bfloat16 rate
+
+    decoded |= {"bytes_per_s": 300.0, "bytes_per_s_bfloat16": 250.0, "repeats": 5}
+    decoded |= {"device": "TPU v5 lite", "implementation": "automatic"}
+    log.write_text("".join(json.dumps(x) + "\n" for x in [*lines, parity, decoded]))
+    grid.merge(args)
+    rate = load_results(tmp_path / "r" / "lm_scale.json")["figures"]["decode_25M_w1_58a8_s0_vs_bfloat16"]
+    assert rate["text"] == "1.20×" and "TPU v5 lite" in rate["note"]
 
     lines[1]["corpus_sha256"] = {"train": "y"}
     log.write_text("".join(json.dumps(x) + "\n" for x in lines))
