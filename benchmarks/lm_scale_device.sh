@@ -50,5 +50,10 @@ if [ -n "$DECODE" ]; then
     "${arts[@]}" || echo "decoding stopped at the limit: the finished artifacts are logged"
 fi
 cp /tmp/lm/lm_scale.jsonl "$OUT/"
-[ -d /tmp/lm/art ] && cp -r /tmp/lm/art "$OUT/"
+if [ -d /tmp/lm/art ]; then
+  cp -r /tmp/lm/art "$OUT/"
+  # Files over 16 MiB do not come back from the device (the 100M weights): sent in parts of 15 MiB, joined on
+  # the CPU machine with `cat F.part-* > F`.
+  find "$OUT/art" -type f -size +15M -exec split -b 15M -d {} {}.part- \; -delete
+fi
 echo "done in $(( $(date +%s) - start )) s"
