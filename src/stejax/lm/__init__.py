@@ -70,6 +70,10 @@ from stejax.lm._references import references as references
 from stejax.lm._sample import Generation as Generation
 from stejax.lm._sample import draw_byte as draw_byte
 from stejax.lm._sample import generate as generate
+from stejax.lm._smooth import SMOOTHING as SMOOTHING
+from stejax.lm._smooth import SmoothGroup as SmoothGroup
+from stejax.lm._smooth import smooth_lm as smooth_lm
+from stejax.lm._smooth import smoothing_groups as smoothing_groups
 from stejax.lm._train import COMPUTE_DTYPES as COMPUTE_DTYPES
 from stejax.lm._train import LMTrainResult as LMTrainResult
 from stejax.lm._train import TrainSettings as TrainSettings
