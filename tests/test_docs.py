@@ -84,7 +84,20 @@ for request in sys.stdin:
     print(os.waitstatus_to_exitcode(status), flush=True)
 """
 # What the pages import, loaded once by the server (not onnxruntime or llama_cpp: they start threads on import).
-PRELOAD = ("numpy", "jax", "jax.numpy", "optax", "flax.nnx", "stejax", "stejax.verify", "stejax.train", "stejax.flax")
+# sklearn.datasets (and SciPy with it, about 1.5 s) is what stejax.data.load_digits imports when first called: the
+# pages that train on the digits would each pay for it. Its only thread is SciPy's BLAS pool, like NumPy's.
+PRELOAD = (
+    "numpy",
+    "jax",
+    "jax.numpy",
+    "optax",
+    "flax.nnx",
+    "sklearn.datasets",
+    "stejax",
+    "stejax.verify",
+    "stejax.train",
+    "stejax.flax",
+)
 
 
 def code_blocks(text: str) -> list[tuple[int, str, str]]:
