@@ -10,6 +10,13 @@ it stands when the layer's turn comes, with the layers listed before it by
 :func:`stejax.flax.summary` already rounded: for a model whose modules are
 listed in the order they run (``nnx.Sequential``, attributes assigned in call
 order), the reference implementation's sequential order.
+
+The inputs are gathered by a compiled forward pass (``jax.jit``, compiled once
+per batch shape), and one pass serves a run of consecutive layers whose inputs
+do not depend on one another's variables (in the language model: a block's k;
+its o, q and v; its down, gate and up), so a pass per layer is not needed. The
+Hessians are those of a pass per layer; they differ from an eager (uncompiled)
+run of the model only by float rounding, as any compiled program may.
 """
 
 from __future__ import annotations
@@ -73,9 +80,13 @@ def quantize_ptq(
     example input). Then, one matched linear layer at a time (in the order of
     :func:`stejax.flax.summary`), the layer's inputs are gathered over all
     ``batches`` (as the layer receives them, before its input quantiser),
-    :math:`H = \tfrac2n X^\top X` is accumulated and the kernel is rounded by
-    :func:`stejax.ptq.gptq` (``method="gptq"``) or by round-to-nearest
-    (``"rtn"``, the baseline) onto the weight quantiser's grid; the kernel
+    :math:`H = \tfrac2n X^\top X` is accumulated (float32, the product at
+    ``Precision.HIGHEST``, summed over batches and calls in order) and the
+    kernel is rounded by :func:`stejax.ptq.gptq` (``method="gptq"``) onto the
+    weight quantiser's grid; ``"rtn"`` (round-to-nearest, the baseline) needs
+    no inputs and runs no pass. The inputs come from a compiled pass that
+    serves every layer of a run whose inputs do not depend on one another's
+    variables (module docstring); the kernel
     becomes ``codes * scales`` and the quantiser's ``weight_scale`` the
     scales, so the quantised forward uses exactly the PTQ kernel. Last, the
     static input quantisers are calibrated on the same batches
@@ -98,8 +109,9 @@ def quantize_ptq(
     Args:
       model: any ``nnx.Module`` with float32 linear kernels.
       rules: an ordered sequence of :class:`stejax.flax.Rule`.
-      batches: the calibration batches (iterated once per rounded layer, plus
-        twice); each is the model's positional argument, or a tuple of them.
+      batches: the calibration batches (a list; run once per run of layers
+        gathered together, plus twice); each is the model's positional
+        argument, or a tuple of them.
       method: ``"gptq"`` (default) or ``"rtn"``.
       damp: GPTQ's dampening, a fraction of the mean diagonal of :math:`H`.
       act_order: GPTQ in decreasing :math:`\operatorname{diag} H`.
