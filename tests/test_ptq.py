@@ -218,6 +218,9 @@ def test_gptq_is_compiled_once_per_configuration():
     before = _gptq._gptq._cache_size()
     gptq(w + 1.0, x, bits=4)
     assert _gptq._gptq._cache_size() == before
+    gptq(w, x, bits=8)  # the width is an argument of the program
+    gptq(w, x, bits=2)
+    assert _gptq._gptq._cache_size() == before
 
 
 # ----------------------------------------------------------------------------- AWQ
