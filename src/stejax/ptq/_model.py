@@ -252,9 +252,19 @@ class _Gatherer:
             ]
 
         self.grams = jax.jit(grams)
-        # Each batch's program (read for the dependence of inputs on variables) and its recorded input shapes.
+        # Each batch's program (read for the dependence of inputs on variables) and its recorded input shapes,
+        # traced once per batch signature.
         leaves = self._leaves()
-        self.traced = [jax.make_jaxpr(record, return_shape=True)(leaves, batch) for batch in batches]
+        programs: dict[Any, Any] = {}
+        self.traced = []
+        for batch in batches:
+            key = (
+                jax.tree.structure(batch),
+                tuple((np.shape(a), getattr(a, "dtype", type(a))) for a in jax.tree.leaves(batch)),
+            )
+            if key not in programs:
+                programs[key] = jax.make_jaxpr(record, return_shape=True)(leaves, batch)
+            self.traced.append(programs[key])
         self.names = ["/".join(str(p) for p in path) for path, _ in nnx.to_flat_state(state)]
 
     def _leaves(self) -> list[jax.Array]:
