@@ -218,6 +218,9 @@ def test_gptq_is_compiled_once_per_configuration():
     before = _gptq._gptq._cache_size()
     gptq(w + 1.0, x, bits=4)
     assert _gptq._gptq._cache_size() == before
+    gptq(w, x, bits=8)  # the width is an argument of the program
+    gptq(w, x, bits=2)
+    assert _gptq._gptq._cache_size() == before
 
 
 # ----------------------------------------------------------------------------- AWQ
@@ -463,3 +466,32 @@ def test_the_per_layer_methods_import_without_flax():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[7, 0, 0, 0]"
+
+
+def test_each_layer_is_rounded_on_inputs_through_the_layers_rounded_before_it():
+    from flax import nnx
+
+    mlp, batches = _mlp_and_batches(6)
+    qmodel = quantize_ptq(mlp, [Rule(weights=W4)], batches)
+    first = qmodel.layers[0]
+    # The second layer's inputs: the batches through the rounded first layer (eagerly, here).
+    inputs = np.concatenate([np.asarray(nnx.relu(first(b))) for b in batches])
+    direct = gptq(np.asarray(mlp.layers[2].kernel[...]), inputs, bits=4, name="layers/2")
+    np.testing.assert_allclose(qmodel.layers[2].kernel[...], direct.kernel, rtol=0, atol=1e-7)
+
+
+def test_one_compiled_pass_serves_the_layers_whose_inputs_are_independent():
+    from flax import nnx
+
+    from stejax.lm import LMConfig, Transformer, ptq_rules
+    from stejax.ptq._model import _Gatherer
+
+    config = LMConfig(context=8, width=32, depth=2, heads=2, hidden=64)
+    model = Transformer(config, rngs=nnx.Rngs(params=0))
+    batches = [(jnp.asarray(np.random.default_rng(0).integers(0, 256, (2, 8)), jnp.uint8),)]
+    qmodel = quantize_model(model, ptq_rules("w4a8"), *batches[0])
+    paths = [row.path for row in summary(qmodel) if row.kind == "linear" and row.rule is not None]
+    gatherer = _Gatherer(qmodel, [(p, p) for p in paths], batches)
+    waves = [[paths[i].split("/", 2)[2] for i in wave] for wave in gatherer.waves()]
+    # k first (o reads q, k and v); o, q and v together; the MLP's three after the attention output.
+    assert waves == [["attn/k"], ["attn/o", "attn/q", "attn/v"], ["mlp/down", "mlp/gate", "mlp/up"]] * 2

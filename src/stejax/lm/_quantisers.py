@@ -154,6 +154,7 @@ def _per_block(x: jax.Array, *, block: int, ste: bool) -> jax.Array:
 LLAMACPP_BLOCKS: dict[int, str] = {32: "Q8_0", 256: "Q8_K"}  # block -> llama.cpp's type for a product's input
 
 
+@functools.cache  # one function per setting: models quantised alike compare equal and share compiled programs
 def activation_quantiser(bits: int, *, block: int | None = None, ste: bool = True) -> Quantiser:
     r"""Absmax activations at ``bits``: one scale per token, or per block of ``block`` values as llama.cpp.
 
@@ -173,6 +174,8 @@ def activation_quantiser(bits: int, *, block: int | None = None, ste: bool = Tru
       ste: the straight-through gradient (declared derivative 1: the codes lie in
         :math:`[-q_{\max}, q_{\max}]`, so the clip never acts); ``False``: the
         rounding's true derivative, zero almost everywhere.
+
+    The same settings give the same function object.
 
     Per block, a float16 or bfloat16 input is quantised in float32 (llama.cpp's
     input type) and the result cast back to the input's dtype. The scale is

@@ -68,11 +68,15 @@ def _check_kernel(kernel: ArrayLike, where: str, group: int | None) -> jax.Array
 
 
 def _scale(rows: jax.Array, q_max: int) -> jax.Array:
+    return _scale_by(rows, np.float32(1.0 / q_max))
+
+
+def _scale_by(rows: jax.Array, reciprocal: ArrayLike) -> jax.Array:
     # As stejax.absmax_scale: max|w| times fl(1/q_max), floored at the smallest normal float.
-    return jnp.maximum(jnp.max(jnp.abs(rows), axis=0) * np.float32(1.0 / q_max), np.float32(_TINY))
+    return jnp.maximum(jnp.max(jnp.abs(rows), axis=0) * reciprocal, np.float32(_TINY))
 
 
-def _round(w: jax.Array, scale: jax.Array, q_max: int) -> jax.Array:
+def _round(w: jax.Array, scale: jax.Array, q_max: ArrayLike) -> jax.Array:
     # As fake_quant: a product by the reciprocal, ties to even; clipped to the symmetric range.
     return jnp.clip(jnp.round(w * (np.float32(1.0) / scale)), -q_max, q_max)
 
@@ -251,7 +255,18 @@ def gptq(
     block = n_in if block_size is None else min(block_size, n_in)
     if group is not None and not act_order:
         block = -(-block // group) * group  # a group never straddles a block
-    codes, scales, ok = _gptq(w, h, np.float32(damp), bits=bits, group=group, act_order=bool(act_order), block=block)
+    q_max = 2 ** (bits - 1) - 1
+    # q_max and fl(1/q_max) are arguments, not constants: one program serves every bit width.
+    codes, scales, ok = _gptq(
+        w,
+        h,
+        np.float32(damp),
+        np.float32(q_max),
+        np.float32(1.0 / q_max),
+        group=group,
+        act_order=bool(act_order),
+        block=block,
+    )
     if not bool(ok):
         raise ValueError(
             f"{where}: the Hessian 2/n X^T X is not positive definite after dampening (damp={damp} of the mean "
@@ -262,19 +277,26 @@ def gptq(
     return GPTQResult(codes.astype(jnp.int8), scales, kernel_q)
 
 
-@functools.partial(jax.jit, static_argnames=("bits", "group", "act_order", "block"))
+@functools.partial(jax.jit, static_argnames=("group", "act_order", "block"))
 def _gptq(
-    w: jax.Array, h: jax.Array, damp: jax.Array, *, bits: int, group: int | None, act_order: bool, block: int
+    w: jax.Array,
+    h: jax.Array,
+    damp: jax.Array,
+    q_max: jax.Array,
+    reciprocal: jax.Array,
+    *,
+    group: int | None,
+    act_order: bool,
+    block: int,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     n_in, n_out = w.shape
-    q_max = 2 ** (bits - 1) - 1
     g = n_in if group is None else group
     n_groups = n_in // g
     diag = jnp.diagonal(h)
     perm = jnp.argsort(-diag, stable=True) if act_order else jnp.arange(n_in)
     # Scales fixed before any rounding: per channel always; per group with act-order (static groups).
     fixed = group is None or act_order
-    scales = _scale(w.reshape(n_groups, g, n_out).transpose(1, 0, 2), q_max)
+    scales = _scale_by(w.reshape(n_groups, g, n_out).transpose(1, 0, 2), reciprocal)
     wp = w[perm]
     hp = h[perm][:, perm]
     hp = hp + jnp.eye(n_in, dtype=jnp.float32) * (damp * jnp.mean(diag))
@@ -295,7 +317,7 @@ def _gptq(
             k = group_of[b0 + i]
             if not fixed:  # a group's scale, when its first feature is reached, from its current weights
                 start = jax.lax.dynamic_slice_in_dim(w1, i, g, axis=0)
-                fresh = _scale(start, q_max)
+                fresh = _scale_by(start, reciprocal)
                 scales = scales.at[k].set(jnp.where((b0 + i) % g == 0, fresh, scales[k]))
             s = scales[k]
             q = _round(row, s, q_max)
