@@ -271,7 +271,11 @@ def _train_one(
 # first VAL_BYTES of the validation split; QAT continues the chosen result of these forms as their configurations.
 CALIBRATION_WINDOWS = 128
 VAL_BYTES = 1 << 20
-PTQ_METHODS = ("rtn", "gptq")
+# rtn and gptq round the float model; awq and smoothquant first fold their channel scales into its norms
+# (stejax.lm.smooth_lm, on the first SMOOTH_WINDOWS calibration windows) and then round it to the nearest
+# (SmoothQuant only for the forms with quantised inputs, what it is for).
+PTQ_METHODS = ("rtn", "gptq", "awq", "smoothquant")
+SMOOTH_WINDOWS = 16
 QAT_FROM_PTQ = ("w4a8", "w1.58a8")
 
 
@@ -325,7 +329,7 @@ def _ptq_one(
     from flax import nnx
 
     from stejax import keys
-    from stejax.lm import PTQ_FORMS, bits_per_byte, lm_size, ptq_rules, quantised_paths, train_lm
+    from stejax.lm import PTQ_FORMS, bits_per_byte, lm_size, ptq_rules, quantised_paths, smooth_lm, train_lm
     from stejax.ptq import quantize_ptq
 
     started = _Started()
@@ -354,12 +358,19 @@ def _ptq_one(
     }
     forms: dict[str, Any] = {}
     chosen: dict[str, Any] = {}
+    bases: dict[str, Any] = {}  # the float model each form's chosen result was rounded from
     for form in PTQ_FORMS:
+        bits, group, input_bits = PTQ_FORMS[form]
         results: dict[str, Any] = {}
         best = None
         for method in PTQ_METHODS:
+            if method == "smoothquant" and input_bits is None:
+                continue
             tic = time.perf_counter()
-            qmodel = quantize_ptq(model, ptq_rules(form), batches, method=method)
+            base = model
+            if method in ("awq", "smoothquant"):
+                base, _ = smooth_lm(model, batches[0][:SMOOTH_WINDOWS], method=method, bits=bits, group_size=group)
+            qmodel = quantize_ptq(base, ptq_rules(form), batches, method="gptq" if method == "gptq" else "rtn")
             jax.block_until_ready(jax.tree.leaves(qmodel))
             seconds = time.perf_counter() - tic
             results[method] = {
@@ -368,7 +379,7 @@ def _ptq_one(
                 "bpb": bits_per_byte(qmodel, scored, batch_size=64),
             }
             if best is None or results[method]["val_bpb"] < results[best]["val_bpb"]:
-                best, chosen[form] = method, qmodel
+                best, chosen[form], bases[form] = method, qmodel, base
         forms[form] = {"methods": results, "best": best}
     qat: dict[str, Any] = {}
     step_bytes = BATCH * context
@@ -376,7 +387,7 @@ def _ptq_one(
     for config in QAT_FROM_PTQ:
         k_qat, key = keys.split(k_qat, where=f"QAT from PTQ, {config}")
         # The chosen PTQ kernels in the float model, quantised as the QAT configuration quantises it.
-        start = nnx.clone(model)
+        start = nnx.clone(bases[config])
         start_modules = dict(_modules(start))
         ptq_modules = dict(_modules(chosen[config]))
         for path in quantised_paths(start):
