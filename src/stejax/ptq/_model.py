@@ -102,7 +102,9 @@ def quantize_ptq(
     matched sites are quantised as their rules say, by round-to-nearest.
     AWQ, SmoothQuant and rotations change a layer's inputs too, so they are
     applied per layer (:func:`stejax.ptq.awq`, :func:`stejax.ptq.smooth`,
-    :func:`stejax.ptq.rotate_kernel`), not here.
+    :func:`stejax.ptq.rotate_kernel`), not here; on the language model,
+    :func:`stejax.lm.smooth_lm` folds AWQ's or SmoothQuant's scales into its
+    norms, and the float model it returns is then rounded here.
 
     ``model`` is not changed. Needs the optional extra ``stejax[flax]``.
 
