@@ -17,11 +17,12 @@ records its bytes trained, wall time on the device, the median step, and the wei
 A ``ptq-SIZE-sSEED`` part quantises the float run ``SIZE-float-sSEED`` after training (it loads that part's final
 parameters from ``--checkpoints``, or trains and logs that part first): every form of :data:`stejax.lm.PTQ_FORMS`
 (int4 weights per group of 32 and per channel, w4a8, w8a8, ternary) by round-to-nearest, GPTQ
-(:func:`stejax.ptq.quantize_ptq`), AWQ and, for the forms with quantised inputs, SmoothQuant (their scales folded
-into the norms by :func:`stejax.lm.smooth_lm`, then round-to-nearest), calibrated on 128 windows of the training split drawn by the seed, the method
-of each form chosen on the first MiB of the validation split, every result scored on the test bytes; then QAT
-continues the chosen w4a8 and ternary results as the w4a8 and w1.58a8 configurations for a quarter of the bytes
-at their chosen rates. The merge gives GPTQ int4's gap to float and the share of the PTQ gap QAT closes.
+(:func:`stejax.ptq.quantize_ptq`), AWQ and, for the forms with quantised inputs, SmoothQuant (their scales
+folded into the norms by :func:`stejax.lm.smooth_lm`, then round-to-nearest), calibrated on 128 windows of the
+training split drawn by the seed, the method of each form chosen on the first MiB of the validation split, every
+result scored on the test bytes; then QAT continues the chosen w4a8 and ternary results as the w4a8 and w1.58a8
+configurations for a quarter of the bytes at their chosen rates. The merge gives GPTQ int4's gap to float and the
+share of the PTQ gap QAT closes.
 """
 
 from __future__ import annotations
