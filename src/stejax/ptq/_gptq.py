@@ -78,7 +78,8 @@ def _scale_by(rows: jax.Array, reciprocal: ArrayLike) -> jax.Array:
 
 def _round(w: jax.Array, scale: jax.Array, q_max: ArrayLike) -> jax.Array:
     # As fake_quant: a product by the reciprocal, ties to even; clipped to the symmetric range.
-    return jnp.clip(jnp.round(w * (np.float32(1.0) / scale)), -q_max, q_max)
+    q = jnp.asarray(q_max)
+    return jnp.clip(jnp.round(w * (np.float32(1.0) / scale)), -q, q)
 
 
 def symmetric_grid(kernel: ArrayLike, *, bits: int, group: int | None = None) -> jax.Array:

@@ -237,7 +237,8 @@ class _Gatherer:
             # Each listed layer's inputs as rows (n, in), one entry per call, in call order.
             model = nnx.merge(graphdef, jax.tree.unflatten(treedef, leaves))
             inputs: list[list[jax.Array]] = [[] for _ in self.paths]
-            for path, module in nnx.iter_modules(model):
+            for path, node in nnx.iter_modules(model):
+                module = cast(Any, node)  # a linear layer: its product is the attribute dot_general
                 i = index.get("/".join(str(p) for p in path))
                 if i is not None:
                     recording = _recorder(module.dot_general, inputs[i], self.wheres[self.paths[i]])
