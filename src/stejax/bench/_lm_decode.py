@@ -202,13 +202,11 @@ def _variants(
 
 def _linear_float32(bench: BenchModel) -> int:
     from stejax.lm import quantised_paths
+    from stejax.lm._lowbit import module_at
 
     total = 0
     for path in quantised_paths(bench.model):
-        node: Any = bench.model
-        for part in path.split("/"):
-            node = node[int(part)] if part.isdigit() else getattr(node, part)
-        total += 4 * int(node.kernel[...].size)
+        total += 4 * int(module_at(bench.model, path).kernel[...].size)
     return total
 
 
@@ -689,7 +687,7 @@ def random_model(
     from flax import nnx
 
     from stejax.lm import LMConfig, LowBitLinear, Transformer, quantised_paths
-    from stejax.lm._lowbit import FUSED_PROJECTIONS, _delete_module, _set_module
+    from stejax.lm._lowbit import FUSED_PROJECTIONS, _delete_module, _set_module, module_at
     from stejax.lowbit.nnx import SplitLinear
 
     method = "mxu"
@@ -722,9 +720,7 @@ def random_model(
     # The layers to make: (site, k, output widths, the float sites whose columns it holds).
     made: list[tuple[str, int, list[int], list[str]]] = []
     for site in sorted(sites):
-        node: Any = abstract
-        for part in site.split("/"):
-            node = node[int(part)] if part.isdigit() else getattr(node, part)
+        node = module_at(abstract, site)
         made.append((site, node.in_features, [node.out_features], [site]))
     if fuse_projections:
         for module, fused, names in FUSED_PROJECTIONS:

@@ -186,12 +186,17 @@ class LowBitLM:
         return load_lm_artifact(self.path).model
 
 
-def _set_module(root: nnx.Module, path: str, module: nnx.Module) -> None:
-    *parents, last = path.split("/")
-    node: Any = root
-    for part in parents:
+def module_at(root: Any, path: str) -> Any:
+    """The submodule of ``root`` at a ``/``-joined path (``"blocks/0/attn/q"``; digits index lists)."""
+    node = root
+    for part in path.split("/") if path else ():
         node = node[int(part)] if part.isdigit() else getattr(node, part)
-    setattr(node, last, module)
+    return node
+
+
+def _set_module(root: nnx.Module, path: str, module: nnx.Module) -> None:
+    parent, _, last = path.rpartition("/")
+    setattr(module_at(root, parent), last, module)
 
 
 def _fused_site(site: str) -> tuple[str, str, tuple[str, ...]] | None:
@@ -204,11 +209,8 @@ def _fused_site(site: str) -> tuple[str, str, tuple[str, ...]] | None:
 
 
 def _delete_module(root: nnx.Module, path: str) -> None:
-    *parents, last = path.split("/")
-    node: Any = root
-    for part in parents:
-        node = node[int(part)] if part.isdigit() else getattr(node, part)
-    delattr(node, last)
+    parent, _, last = path.rpartition("/")
+    delattr(module_at(root, parent), last)
 
 
 def load_lowbit(

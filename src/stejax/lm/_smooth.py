@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from stejax.lm._lowbit import _set_module, module_at
+
 if TYPE_CHECKING:
     from flax import nnx
 
@@ -62,18 +64,6 @@ def smoothing_groups(model: nnx.Module) -> list[SmoothGroup]:
     return groups
 
 
-def _node(root: Any, path: str) -> Any:
-    node = root
-    for part in path.split("/"):
-        node = node[int(part)] if part.isdigit() else getattr(node, part)
-    return node
-
-
-def _set(root: Any, path: str, value: Any) -> None:
-    parent, _, last = path.rpartition("/")
-    setattr(_node(root, parent), last, value)
-
-
 def _norm_outputs(model: nnx.Module, windows: jax.Array, groups: Sequence[SmoothGroup]) -> dict[str, jax.Array]:
     """Each group's norm output ``(rows, features)`` over ``windows``, from one forward of the float model."""
     from flax import nnx
@@ -89,14 +79,14 @@ def _norm_outputs(model: nnx.Module, windows: jax.Array, groups: Sequence[Smooth
             seen[self.name].append(y.reshape(-1, y.shape[-1]).astype(jnp.float32))
             return y
 
-    originals = {g.norm: _node(model, g.norm) for g in groups}
+    originals = {g.norm: module_at(model, g.norm) for g in groups}
     try:
         for name, norm in originals.items():
-            _set(model, name, Recording(norm, name))
+            _set_module(model, name, Recording(norm, name))
         model(windows)
     finally:
         for name, norm in originals.items():
-            _set(model, name, norm)
+            _set_module(model, name, norm)
     return {name: jnp.concatenate(rows) for name, rows in seen.items()}
 
 
@@ -156,7 +146,7 @@ def smooth_lm(
     groups = smoothing_groups(out)
     for group in groups:
         for path in group.linears:
-            layer = _node(out, path)
+            layer = module_at(out, path)
             if type(layer) is not nnx.Linear:
                 raise ValueError(
                     f"smooth_lm: {path} is a {type(layer).__name__}; expected the float model's nnx.Linear "
@@ -165,7 +155,7 @@ def smooth_lm(
     inputs = _norm_outputs(out, jnp.asarray(windows), groups)
     chosen: dict[str, float] = {}
     for group in groups:
-        kernels = [_node(out, p).kernel[...].astype(jnp.float32) for p in group.linears]
+        kernels = [module_at(out, p).kernel[...].astype(jnp.float32) for p in group.linears]
         w = jnp.concatenate(kernels, axis=1)
         x = inputs.pop(group.norm)
         if method == "awq":
@@ -174,8 +164,8 @@ def smooth_lm(
         else:
             s, chosen[group.norm] = smooth(w, x, alpha=alpha).scales, float(alpha)
         for path, kernel in zip(group.linears, kernels, strict=True):
-            layer = _node(out, path)
+            layer = module_at(out, path)
             layer.kernel[...] = (kernel * s[:, None]).astype(layer.kernel[...].dtype)
-        norm = _node(out, group.norm)
+        norm = module_at(out, group.norm)
         norm.scale[...] = (norm.scale[...].astype(jnp.float32) / s).astype(norm.scale[...].dtype)
     return out, chosen
