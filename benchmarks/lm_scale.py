@@ -332,6 +332,7 @@ def _ptq_one(
 
     from stejax import keys
     from stejax.lm import PTQ_FORMS, bits_per_byte, lm_size, ptq_rules, quantised_paths, smooth_lm, train_lm
+    from stejax.lm._lowbit import module_at
     from stejax.ptq import quantize_ptq
 
     started = _Started()
@@ -390,10 +391,8 @@ def _ptq_one(
         k_qat, key = keys.split(k_qat, where=f"QAT from PTQ, {config}")
         # The chosen PTQ kernels in the float model, quantised as the QAT configuration quantises it.
         start = nnx.clone(bases[config])
-        start_modules = dict(_modules(start))
-        ptq_modules = dict(_modules(chosen[config]))
         for path in quantised_paths(start):
-            start_modules[path].kernel[...] = ptq_modules[path].kernel[...]
+            module_at(start, path).kernel[...] = module_at(chosen[config], path).kernel[...]
         tic = time.perf_counter()
         result = train_lm(
             _quantised(start, config, product),
@@ -430,12 +429,6 @@ def _ptq_one(
         "corpus_sha256": dict(corpus.sha256),
         "conditions": _conditions(started),
     }
-
-
-def _modules(model: Any) -> Any:
-    from flax import nnx
-
-    return (("/".join(str(p) for p in path), module) for path, module in nnx.iter_modules(model))
 
 
 class _Started:
